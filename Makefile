@@ -1,0 +1,38 @@
+# capgate: the two commands a user needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench lint check clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# The compiled sqlglot build where the platform has a wheel for it; pure Python otherwise.
+	-$(BIN)/python -m pip install --quiet -e '.[dev,fast]'
+	@touch $(STAMP)
+
+## Start capgate on 127.0.0.1:8787 with policies/example.yaml, memory state and the mock upstreams.
+run: $(STAMP)
+	$(BIN)/python -m mocks.demo
+
+## Run the whole test suite.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Throughput and latency: direct call vs bare proxy vs capgate, as ratios in one run.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway mocks tests bench
+	$(BIN)/ruff format --check gateway mocks tests bench
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .demo build *.egg-info

@@ -1,0 +1,236 @@
+"""Wiring: the ``Gateway`` (what the stages use), the aiohttp app, and ``serve``.
+
+Resources open and close in one ``cleanup_ctx`` generator each (state store, transport,
+audit file, policy watcher). The transport is chosen here, once, by mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.audit_trail import AuditTrail
+from gateway.config import Settings
+from gateway.credentials import CredentialStore
+from gateway.errors import ConfigError
+from gateway.pipeline import run
+from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
+from gateway.policy.source import PolicyError
+from gateway.state import open_store
+from gateway.state.base import StateStore
+from gateway.tokens import Keyset, TokenVerifier, load_private_key
+from gateway.transports.base import Transport
+from gateway.transports.upstream import LiveTransport
+
+log = logging.getLogger("capgate")
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
+HEALTH_PATH = "/_capgate/health"
+
+
+@dataclass(eq=False)
+class Gateway:
+    """The collaborators every stage reads; built once per process by ``build_gateway``."""
+
+    settings: Settings
+    policy: Policy
+    verifier: TokenVerifier
+    state: StateStore
+    credentials: CredentialStore
+    transport: Transport
+    audit: AuditTrail
+    mcp: Any = None
+    started: float = 0.0
+    policy_stamp: tuple[int, int] = (0, 0)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def reload_policy(self) -> bool:
+        """Load the policy file again; swap it in only if it is valid. True when swapped."""
+        path = self.settings.policy
+        try:
+            st = path.stat()
+        except OSError as exc:
+            log.error("policy file %s cannot be read: %s; keeping the policy in force", path, exc)
+            return False
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self.policy_stamp:
+            return False
+        self.policy_stamp = stamp
+        try:
+            policy = load_policy(path)
+            self.credentials.check_policy(policy)
+        except PolicyError as exc:
+            for issue in exc.issues:
+                log.error("policy reload refused: %s", issue)
+            log.error("keeping the policy in force (%s)", self.policy.digest)
+            return False
+        except ConfigError as exc:
+            log.error("policy reload refused: %s; keeping the policy in force", exc)
+            return False
+        if policy.digest == self.policy.digest:
+            return False
+        self.policy = policy
+        log.info("policy reloaded from %s (digest %s)", path, policy.digest)
+        return True
+
+
+def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
+    """Everything that can fail at start fails here, with one readable ``ConfigError``."""
+    try:
+        policy = load_policy(settings.policy)
+    except PolicyError as exc:
+        raise ConfigError(f"policy {settings.policy} has errors:\n{exc}") from exc
+    keyset = Keyset.from_file(settings.jwks, settings.tokens.algorithm)
+    verifier = TokenVerifier(keyset, settings.tokens)
+    signing = load_private_key(settings.upstream_key) if settings.upstream_key else None
+    credentials = CredentialStore(
+        environ=environ,
+        base_dir=(settings.secrets_dir or settings.policy.resolve().parent).resolve(),
+        signing_key=signing,
+    )
+    credentials.check_policy(policy)
+    try:
+        state = open_store(settings.state)
+    except ValueError as exc:
+        raise ConfigError(f"state has value {settings.state!r}; {exc}") from exc
+    st = settings.policy.stat()
+    from gateway.checks.mcp import McpGate
+
+    gw = Gateway(
+        settings=settings,
+        policy=policy,
+        verifier=verifier,
+        state=state,
+        credentials=credentials,
+        transport=LiveTransport(),
+        audit=AuditTrail(settings.audit),
+        policy_stamp=(st.st_mtime_ns, st.st_size),
+    )
+    gw.mcp = McpGate(gw)
+    return gw
+
+
+async def _health(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    state = await gw.state.health()
+    ok = bool(state.get("reachable", False))
+    body = {
+        "status": "ok" if ok else "degraded",
+        "version": __version__,
+        "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
+        "state": state,
+    }
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    gw = app[GATEWAY]
+    gw.audit.open()
+    await gw.state.start()
+
+    def on_revoke(kind: str, value: str) -> None:
+        attr = {"jti": "jti", "agent": "agent", "run": "run"}[kind]
+        gw.verifier.forget(lambda c: getattr(c, attr) == value)
+
+    gw.state.on_revoke(on_revoke)
+    watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await gw.transport.close()
+        await gw.state.close()
+        gw.audit.close()
+
+
+async def _watch(gw: Gateway) -> None:
+    """Reload the policy when its file changes; flush the audit file now and then."""
+    while True:
+        await asyncio.sleep(gw.settings.reload_interval)
+        gw.reload_policy()
+        gw.audit.flush()
+
+
+def create_app(gw: Gateway) -> web.Application:
+    app = web.Application(client_max_size=1024**3)  # bodies are limited per upstream
+    app[GATEWAY] = gw
+    app.cleanup_ctx.append(_resources)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await run(request, gw)
+
+    app.router.add_get(HEALTH_PATH, _health)
+    app.router.add_route("*", "/{tail:.*}", handler)
+    return app
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s capgate %(levelname)s %(message)s",
+    )
+
+
+async def serve(
+    settings: Settings,
+    environ: Mapping[str, str],
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
+    gw = build_gateway(settings, environ)
+    app = create_app(gw)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from exc
+    server = site._server  # the bound socket tells the real port when port is 0
+    port = server.sockets[0].getsockname()[1] if server and server.sockets else settings.port
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ready = {
+        "ready": True,
+        "url": f"http://{settings.host}:{port}",
+        "health": f"http://{settings.host}:{port}{HEALTH_PATH}",
+        "policy": str(settings.policy),
+        "state": gw.state.backend,
+        "pid": os.getpid(),
+    }
+    print(f"capgate {__version__} listening {json.dumps(ready)}", flush=True)
+    if on_ready is not None:
+        on_ready(str(ready["url"]))
+    try:
+        await stop.wait()
+        log.info("shutting down: no new calls; waiting up to %ss for calls in flight",
+                 settings.shutdown_grace)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    log.info("stopped; audit lines written: %d", gw.audit.lines_written)
+

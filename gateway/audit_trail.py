@@ -1,0 +1,106 @@
+"""The audit trail: one JSON line per call, hash-chained so that tampering is evident.
+
+Each line carries ``prev``, the SHA-256 of the previous line's bytes (64 zeros for the first
+line of a file). Deleting, inserting, reordering or editing a line breaks the chain at that
+point, which ``verify`` reports with the line number. Lines never contain a token or a
+credential: the stages only ever put ids, names and decisions in a record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+GENESIS = "0" * 64
+
+
+def _last_line(path: Path) -> bytes | None:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            if end == 0:
+                return None
+            pos = max(0, end - 65536)
+            fh.seek(pos)
+            lines = fh.read().splitlines()
+            return lines[-1] if lines else None
+    except FileNotFoundError:
+        return None
+
+
+class AuditTrail:
+    """Appends hash-chained JSON lines to one file."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._fh: IO[bytes] | None = None
+        self._prev = GENESIS
+        self.lines_written = 0
+
+    def open(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        last = _last_line(self.path)
+        self._prev = hashlib.sha256(last).hexdigest() if last else GENESIS
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fh = os.fdopen(fd, "ab", buffering=64 * 1024)
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
+        record["prev"] = self._prev
+        line = json.dumps(record, separators=(",", ":"), default=str).encode()
+        self._prev = hashlib.sha256(line).hexdigest()
+        self._fh.write(line + b"\n")
+        self.lines_written += 1
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    line: int
+    message: str
+
+
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    with Path(path).open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                yield json.loads(raw)
+
+
+def verify(path: str | Path) -> tuple[int, ChainBreak | None]:
+    """(lines checked, first break or None)."""
+    prev = GENESIS
+    count = 0
+    with Path(path).open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            line = raw.rstrip(b"\n")
+            if not line:
+                return count, ChainBreak(number, "empty line")
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return count, ChainBreak(number, "not valid JSON")
+            if not isinstance(record, dict) or record.get("prev") != prev:
+                return count, ChainBreak(number, "hash chain broken: 'prev' does not match the line before")
+            prev = hashlib.sha256(line).hexdigest()
+            count += 1
+    return count, None

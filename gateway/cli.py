@@ -1,0 +1,313 @@
+"""The ``capgate`` command.
+
+    capgate serve [--config FILE] --policy FILE --jwks FILE [--port N] [--state URL] ...
+    capgate keys generate --dir DIR [--algorithm EdDSA|ES256]
+    capgate token mint --key PEM --agent ID --role ROLE [--role ...] [--ttl 5m] [--run RUN]
+    capgate token inspect TOKEN [--jwks FILE]
+    capgate policy check FILE...
+    capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
+    capgate audit verify FILE
+    capgate revoke (--jti J | --agent A | --run R) [--state URL]
+
+Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
+policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.errors import ConfigError, GatewayError
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A message for the user; the CLI prints it as one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2 (argparse's own convention)
+        raise CliError(f"{self.prog}: {message}")
+
+
+def _duration(text: str) -> float:
+    from gateway.policy.source import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="capgate", description="Capability-gated tool proxy for AI agents.")
+    p.add_argument("--version", action="version", version=f"capgate {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("serve", help="run the gateway in the foreground")
+    s.add_argument("--config", type=Path, help="YAML settings file")
+    s.add_argument("--policy", help="policy YAML (reloaded on change)")
+    s.add_argument("--jwks", help="JWKS of the keys that may sign capability tokens")
+    s.add_argument("--host", help="listen address (default 127.0.0.1)")
+    s.add_argument("--port", help="listen port (default 8787; 0 for any free port)")
+    s.add_argument("--state", help="memory (default) or redis://host:port/db")
+    s.add_argument("--audit", help="audit file (default capgate-audit.jsonl; '-' for none)")
+    s.add_argument("--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials")
+    s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
+    s.add_argument("--algorithm", help="pinned token algorithm: EdDSA (default) or ES256")
+    s.add_argument("--audience", help="required token audience (default capgate)")
+    s.add_argument("--issuers", help="accepted token issuers, comma-separated")
+    s.add_argument("--shutdown-grace", dest="shutdown_grace", help="e.g. 10s")
+    s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
+
+    k = sub.add_parser("keys", help="signing keys")
+    ksub = k.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
+    kg = ksub.add_parser("generate", help="write signing-key.pem (0600) and jwks.json")
+    kg.add_argument("--dir", required=True, type=Path)
+    kg.add_argument("--algorithm", default="EdDSA", choices=["EdDSA", "ES256"])
+
+    t = sub.add_parser("token", help="capability tokens")
+    tsub = t.add_subparsers(dest="token_command", required=True, parser_class=_Parser)
+    tm = tsub.add_parser("mint", help="print a signed capability token")
+    tm.add_argument("--key", required=True, type=Path)
+    tm.add_argument("--agent", required=True)
+    tm.add_argument("--role", action="append", required=True, dest="roles")
+    tm.add_argument("--cap", action="append", dest="caps", help="narrow to this rule id")
+    tm.add_argument("--ttl", type=_duration, default=300.0)
+    tm.add_argument("--run")
+    tm.add_argument("--audience", default="capgate")
+    tm.add_argument("--issuer", default="capgate")
+    ti = tsub.add_parser("inspect", help="print header, claims and the verification verdict")
+    ti.add_argument("token")
+    ti.add_argument("--jwks", type=Path)
+    ti.add_argument("--algorithm", default="EdDSA", choices=["EdDSA", "ES256"])
+    ti.add_argument("--audience", default="capgate")
+    ti.add_argument("--issuer", action="append", dest="issuers")
+
+    pol = sub.add_parser("policy", help="check and explain policies")
+    psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
+    pc = psub.add_parser("check", help="print FILE:LINE:COL errors; exit 1 if any")
+    pc.add_argument("files", nargs="+", type=Path)
+    pe = psub.add_parser("explain", help="print the decision for a call, as JSON")
+    pe.add_argument("--policy", required=True, type=Path)
+    pe.add_argument("--role", action="append", required=True, dest="roles")
+    pe.add_argument("--agent", default="explain-agent")
+    pe.add_argument("--cap", action="append", dest="caps")
+    pe.add_argument("--run")
+    pe.add_argument("--header", "-H", action="append", default=[], help="'Name: value'")
+    pe.add_argument("--body", "-d", help="request body, or @FILE")
+    pe.add_argument("method")
+    pe.add_argument("url")
+
+    a = sub.add_parser("audit", help="the audit trail")
+    asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
+    av = asub.add_parser("verify", help="check the hash chain of an audit file")
+    av.add_argument("file", type=Path)
+
+    r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
+    g = r.add_mutually_exclusive_group(required=True)
+    g.add_argument("--jti")
+    g.add_argument("--agent")
+    g.add_argument("--run")
+    r.add_argument("--state", default=None, help="redis://host:port/db (default: $CAPGATE_STATE)")
+    r.add_argument("--until", type=float, help="unix time after which it may be forgotten")
+    return p
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from gateway.app import configure_logging, serve
+    from gateway.config import load_settings
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    settings = load_settings(flags, environ, args.config)
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings, environ))
+    return EXIT_OK
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from gateway.tokens import generate_keys
+
+    key, jwks = generate_keys(args.dir, args.algorithm)
+    print(f"wrote {key} (mode 0600) and {jwks}")
+    return EXIT_OK
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from gateway import tokens
+
+    if args.token_command == "mint":
+        key = tokens.load_private_key(args.key)
+        try:
+            token = tokens.mint_token(
+                key,
+                agent=args.agent,
+                roles=args.roles,
+                ttl=args.ttl,
+                run=args.run,
+                caps=args.caps,
+                audience=args.audience,
+                issuer=args.issuer,
+            )
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        print(token)
+        return EXIT_OK
+    header, payload = tokens.inspect_token(args.token)
+    report: dict[str, Any] = {"header": header, "claims": payload}
+    code = EXIT_OK
+    if args.jwks is not None:
+        keyset = tokens.Keyset.from_file(args.jwks, args.algorithm)
+        settings = tokens.TokenSettings(
+            algorithm=args.algorithm,
+            audience=args.audience,
+            issuers=tuple(args.issuers or ["capgate"]),
+        )
+        try:
+            claims = tokens.TokenVerifier(keyset, settings).verify(args.token)
+            report["verdict"] = {"valid": True, "agent": claims.agent,
+                                 "expires_in_s": round(claims.expires_at - time.time())}
+        except GatewayError as exc:
+            report["verdict"] = {"valid": False, "reason": exc.reason.value, "detail": exc.detail}
+            code = EXIT_NEGATIVE
+    else:
+        report["verdict"] = {"valid": None, "detail": "not verified: pass --jwks to verify"}
+    print(json.dumps(report, indent=2))
+    return code
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from gateway.policy.load import load_policy
+    from gateway.policy.source import PolicyError
+
+    if args.policy_command == "check":
+        bad = 0
+        for path in args.files:
+            try:
+                policy = load_policy(path)
+            except PolicyError as exc:
+                bad += 1
+                for issue in exc.issues:
+                    print(issue)
+                continue
+            rules = sum(len(r.rules) for r in policy.roles.values())
+            print(f"{path}: ok ({len(policy.upstreams)} upstreams, {len(policy.roles)} roles, {rules} rules)")
+        return EXIT_NEGATIVE if bad else EXIT_OK
+
+    from gateway.policy.explain import explain
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        raise CliError(f"policy has errors:\n{exc}") from None
+    headers = []
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise CliError(f"--header {h!r}: expected 'Name: value'")
+        headers.append((name.strip(), value.strip()))
+    body = None
+    if args.body is not None:
+        if args.body.startswith("@"):
+            try:
+                body = Path(args.body[1:]).read_bytes()
+            except OSError as exc:
+                raise CliError(f"--body {args.body}: {exc.strerror}") from None
+        else:
+            body = args.body.encode()
+    decision = asyncio.run(
+        explain(
+            policy,
+            roles=args.roles,
+            agent=args.agent,
+            method=args.method,
+            url=args.url,
+            caps=args.caps,
+            run=args.run,
+            headers=headers,
+            body=body,
+        )
+    )
+    print(json.dumps(decision, indent=2, default=str))
+    return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from gateway.audit_trail import verify
+
+    try:
+        count, broken = verify(args.file)
+    except OSError as exc:
+        raise CliError(f"{args.file}: {exc.strerror}") from None
+    if broken is not None:
+        print(f"{args.file}:{broken.line}: {broken.message} ({count} lines verified before it)")
+        return EXIT_NEGATIVE
+    print(f"{args.file}: ok, {count} lines, hash chain intact")
+    return EXIT_OK
+
+
+def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from gateway.state import open_store
+
+    url = args.state or environ.get("CAPGATE_STATE")
+    if not url or not url.startswith(("redis://", "rediss://")):
+        raise CliError("revoke needs a shared store: --state redis://host:port/db (or CAPGATE_STATE)")
+    kind, value = next((k, getattr(args, k)) for k in ("jti", "agent", "run") if getattr(args, k))
+
+    async def go() -> None:
+        store = open_store(url)
+        await store.start()
+        try:
+            await store.revoke(kind, value, until=args.until)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+    print(f"revoked {kind} {value!r}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "serve":
+            return cmd_serve(args, env)
+        if args.command == "keys":
+            return cmd_keys(args)
+        if args.command == "token":
+            return cmd_token(args)
+        if args.command == "policy":
+            return cmd_policy(args)
+        if args.command == "audit":
+            return cmd_audit(args)
+        if args.command == "revoke":
+            return cmd_revoke(args, env)
+        raise CliError(f"unknown command {args.command!r}")
+    except (CliError, ConfigError, GatewayError) as exc:
+        message = exc.detail if isinstance(exc, GatewayError) else str(exc)
+        print(f"capgate: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Settings: read once, validated loudly, then frozen.
+
+Precedence, lowest first: defaults < config file (YAML) < ``CAPGATE_*`` environment < flags.
+``load_settings`` is pure: the environment is an argument, so tests pass a dict. A bad value
+raises ``ConfigError`` naming the key and the value, e.g.
+``CAPGATE_PORT has value 'abc'; expected an integer 1-65535``.
+
+=====================  ===================  ===========================================
+key (flag / env)       default              meaning
+=====================  ===================  ===========================================
+host                   127.0.0.1            listen address (loopback unless told)
+port                   8787                 listen port (0: any free port)
+policy                 (required)           policy YAML file, reloaded when it changes
+jwks                   (required)           public keys that may sign capability tokens
+algorithm              EdDSA                pinned token algorithm: EdDSA or ES256
+audience               capgate              required ``aud`` of capability tokens
+issuers                capgate              accepted ``iss`` values (comma-separated)
+max_token_lifetime     1h                   refuse tokens living longer
+leeway                 30s                  clock skew allowed on exp/nbf/iat
+max_token_size         8192                 refuse larger tokens (bytes)
+upstream_key           (none)               private key for agent-jwt upstream credentials
+secrets_dir            policy file's dir    where relative ``file:`` secret references live
+audit                  capgate-audit.jsonl  audit file ("-" or "" for none)
+state                  memory               ``memory`` or ``redis://host:port/db``
+shutdown_grace         10s                  time calls in flight get on SIGTERM
+reload_interval        1s                   how often the policy file is checked
+log_level              info                 debug, info, warning, error
+=====================  ===================  ===========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import ConfigError
+from gateway.policy.source import parse_duration, parse_size
+from gateway.tokens import ALGORITHMS, TokenSettings
+
+
+@dataclass(frozen=True)
+class Settings:
+    policy: Path
+    jwks: Path
+    host: str = "127.0.0.1"
+    port: int = 8787
+    tokens: TokenSettings = field(default_factory=TokenSettings)
+    upstream_key: Path | None = None
+    secrets_dir: Path | None = None
+    audit: Path | None = Path("capgate-audit.jsonl")
+    state: str = "memory"
+    shutdown_grace: float = 10.0
+    reload_interval: float = 1.0
+    log_level: str = "info"
+
+
+def _port(value: Any) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected an integer 0-65535") from None
+    if isinstance(value, bool) or not 0 <= port <= 65535:
+        raise ValueError("expected an integer 0-65535")
+    return port
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {list(choices)}")
+        return str(value)
+
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _path(value: Any) -> Path:
+    return Path(_text(value))
+
+
+def _optional_path(value: Any) -> Path | None:
+    if value in ("", "-", None):
+        return None
+    return _path(value)
+
+
+def _csv(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    out = tuple(str(v).strip() for v in items if str(v).strip())
+    if not out:
+        raise ValueError("expected at least one value")
+    return out
+
+
+def _state(value: Any) -> str:
+    text = _text(value)
+    if text in ("memory", "memory://") or text.startswith(("redis://", "rediss://")):
+        return text
+    raise ValueError("expected 'memory' or a redis:// or rediss:// URL")
+
+
+def _size(value: Any) -> int:
+    return parse_size(value)
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("expected a positive duration such as 30s")
+    return seconds
+
+
+FIELDS: dict[str, Callable[[Any], Any]] = {
+    "host": _text,
+    "port": _port,
+    "policy": _path,
+    "jwks": _path,
+    "algorithm": _choice(*ALGORITHMS),
+    "audience": _text,
+    "issuers": _csv,
+    "max_token_lifetime": _positive_duration,
+    "leeway": parse_duration,
+    "max_token_size": _size,
+    "upstream_key": _optional_path,
+    "secrets_dir": _optional_path,
+    "audit": _optional_path,
+    "state": _state,
+    "shutdown_grace": parse_duration,
+    "reload_interval": _positive_duration,
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+TOKEN_FIELDS = {
+    "algorithm": "algorithm",
+    "audience": "audience",
+    "issuers": "issuers",
+    "max_token_lifetime": "max_lifetime",
+    "leeway": "leeway",
+    "max_token_size": "max_size",
+}
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        data = YAML(typ="safe").load(path.read_text("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from exc
+    except YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must be a mapping of settings")
+    return data
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge defaults, file, environment and flags into one frozen ``Settings``."""
+    raw: dict[str, tuple[str, Any]] = {}  # key -> (where it came from, value)
+    if config_file is not None:
+        for key, value in _read_config_file(config_file).items():
+            if key not in FIELDS:
+                raise ConfigError(
+                    f"config file {str(config_file)!r}: unknown setting {key!r}; "
+                    f"expected one of {sorted(FIELDS)}"
+                )
+            raw[key] = (f"{config_file}: {key}", value)
+    for key in FIELDS:
+        env = "CAPGATE_" + key.upper()
+        if env in environ:
+            raw[key] = (env, environ[env])
+    for key, value in flags.items():
+        if value is not None and key in FIELDS:
+            raw[key] = ("--" + key.replace("_", "-"), value)
+
+    values: dict[str, Any] = {}
+    for key, (where, value) in raw.items():
+        try:
+            values[key] = FIELDS[key](value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where} has value {value!r}; {exc}") from None
+    for key in ("policy", "jwks"):
+        if key not in values:
+            raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
+    token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}
+    other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
+    return Settings(tokens=TokenSettings(**token_args), **other)

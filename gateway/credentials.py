@@ -1,0 +1,220 @@
+"""Per-agent upstream credentials: resolved here, injected last, never shown to the agent.
+
+An upstream's ``credentials`` in the policy names how the gateway authenticates to it:
+
+=============  ===========================================================================
+``none``       nothing is added
+``bearer``     ``Authorization: Bearer <secret>``
+``header``     ``<header>: <prefix><secret>``
+``agent-jwt``  ``Authorization: Bearer <JWT>`` minted by the gateway for this agent:
+               ``aud`` = the upstream, ``sub`` = the agent, short TTL, cached and refreshed
+=============  ===========================================================================
+
+Secrets are references: ``env:NAME`` or ``file:PATH``; ``{agent}`` in either is replaced by
+the agent id so each agent has its own secret. A secret file must not be readable by group
+or others (checked at start for fixed paths, at first use for per-agent ones). Values are
+held in ``Secret`` objects whose ``repr`` is masked, and are never put in an error.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+
+from gateway.errors import ConfigError, InternalError
+from gateway.policy.model import Credentials, Policy
+from gateway.tokens import PrivateKey, algorithm_of, key_id
+
+ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
+FILE_RECHECK_SECONDS = 5.0
+MAX_SECRET_BYTES = 16 * 1024
+
+
+class Secret:
+    """A credential value; its repr and str never show it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('****')"
+
+    __str__ = __repr__
+
+
+class CredentialUnavailable(InternalError):
+    """Raised when the credential an upstream needs cannot be resolved for this agent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    header: str
+    value: Secret  # the whole header value, prefix included
+    secret: Secret  # the bare secret, which must never reach the agent
+    name: str  # a stable name for the secret, used by recordings: "<upstream>:<type>"
+
+
+def _check_file_mode(path: Path) -> None:
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"secret {str(path)!r} is not a regular file")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"secret file {str(path)!r} is readable or writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
+        )
+
+
+class CredentialStore:
+    """Resolves each upstream's credential for an agent; owns the agent-JWT signing key."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        base_dir: Path,
+        signing_key: PrivateKey | None = None,
+        issuer: str = "capgate",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.environ = environ
+        self.base_dir = base_dir
+        self.signing_key = signing_key
+        self.issuer = issuer
+        self.clock = clock
+        self._files: dict[Path, tuple[float, Secret]] = {}
+        self._jwts: dict[tuple[str, str], tuple[float, Secret]] = {}
+
+    # -- start-up checks ----------------------------------------------------------------------
+
+    def check_policy(self, policy: Policy) -> None:
+        """Refuse to start (or to load a policy) whose fixed secrets are missing or exposed."""
+        for up in policy.upstreams.values():
+            c = up.credentials
+            if c.type == "agent-jwt" and self.signing_key is None:
+                raise ConfigError(
+                    f"upstream {up.name!r} uses agent-jwt credentials but no upstream signing "
+                    "key is configured (--upstream-key)"
+                )
+            if c.secret is None or "{agent}" in c.secret:
+                continue
+            if c.secret.startswith("env:"):
+                if c.secret[4:] not in self.environ:
+                    raise ConfigError(
+                        f"upstream {up.name!r}: environment variable {c.secret[4:]!r} is not set"
+                    )
+            else:
+                path = self._path(c.secret[5:])
+                if not path.exists():
+                    raise ConfigError(f"upstream {up.name!r}: secret file {str(path)!r} not found")
+                _check_file_mode(path)
+
+    # -- resolution --------------------------------------------------------------------------
+
+    def _path(self, text: str) -> Path:
+        p = Path(text)
+        return p if p.is_absolute() else self.base_dir / p
+
+    def _resolve_ref(self, ref: str, agent: str, upstream: str) -> Secret:
+        if ref.startswith("env:"):
+            name = ref[4:]
+            if "{agent}" in name:
+                if not ENV_AGENT_SAFE.fullmatch(agent):
+                    # Substituting other characters could map two agents to one variable.
+                    raise CredentialUnavailable(
+                        f"no credential for upstream {upstream!r}: this agent id cannot name "
+                        "an environment variable"
+                    )
+                name = name.replace("{agent}", agent)
+            value = self.environ.get(name)
+            if not value:
+                raise CredentialUnavailable(f"no credential is configured for upstream {upstream!r} and this agent")
+            return Secret(value)
+        template = ref[5:]
+        path = self._path(template.replace("{agent}", agent))
+        if "{agent}" in template:
+            # The agent id cannot contain "/", but check the result stays where it should.
+            expected_parent = self._path(template).parent
+            if path.parent != expected_parent or path.name in (".", ".."):
+                raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
+        return self._read_file(path, upstream)
+
+    def _read_file(self, path: Path, upstream: str) -> Secret:
+        now = self.clock()
+        cached = self._files.get(path)
+        if cached is not None and now - cached[0] < FILE_RECHECK_SECONDS:
+            return cached[1]
+        try:
+            _check_file_mode(path)
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_SECRET_BYTES + 1)
+        except FileNotFoundError:
+            raise CredentialUnavailable(
+                f"no credential is configured for upstream {upstream!r} and this agent"
+            ) from None
+        except (OSError, ConfigError) as exc:
+            raise CredentialUnavailable(
+                f"the credential file for upstream {upstream!r} cannot be used"
+            ) from exc
+        value = raw.decode("utf-8", "replace").strip()
+        if not value or len(raw) > MAX_SECRET_BYTES or "\n" in value or "\r" in value:
+            raise CredentialUnavailable(f"the credential file for upstream {upstream!r} is not one line")
+        secret = Secret(value)
+        self._files[path] = (now, secret)
+        return secret
+
+    def _agent_jwt(self, creds: Credentials, upstream: str, agent: str) -> Secret:
+        audience = creds.audience or upstream
+        key = (agent, audience)
+        now = self.clock()
+        cached = self._jwts.get(key)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        if self.signing_key is None:
+            raise CredentialUnavailable(f"no upstream signing key for upstream {upstream!r}")
+        issued = int(now)
+        token = jwt.encode(
+            {
+                "iss": self.issuer,
+                "aud": audience,
+                "sub": agent,
+                "iat": issued,
+                "nbf": issued,
+                "exp": issued + int(creds.ttl),
+                "jti": uuid.uuid4().hex,
+            },
+            self.signing_key,
+            algorithm=algorithm_of(self.signing_key),
+            headers={"kid": key_id(self.signing_key.public_key())},
+        )
+        secret = Secret(token)
+        # Refresh when 80% of the lifetime has passed, so upstreams never see it expire.
+        self._jwts[key] = (now + creds.ttl * 0.8, secret)
+        return secret
+
+    def injection(self, upstream: str, creds: Credentials, agent: str) -> Injection | None:
+        """The header to add for this agent on this upstream, or None for ``none``."""
+        if creds.type == "none":
+            return None
+        if creds.type == "agent-jwt":
+            value = self._agent_jwt(creds, upstream, agent)
+        else:
+            assert creds.secret is not None
+            value = self._resolve_ref(creds.secret, agent, upstream)
+        return Injection(
+            header=creds.header,
+            value=Secret(creds.prefix + value.reveal()) if creds.prefix else value,
+            secret=value,
+            name=f"{upstream}:{creds.type}",
+        )

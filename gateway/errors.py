@@ -1,0 +1,328 @@
+"""The one exception tree of capgate, and its rendering as RFC 9457 problem+json.
+
+Every way a call can end other than success is a ``GatewayError``. A stage ends a call by
+raising one; ``stages/respond.py`` renders it. Each class has a fixed HTTP ``status``, a
+stable ``reason`` (a public contract: values are added, never renamed) and a ``title``;
+instances carry a ``detail`` sentence, the ``rule`` id when one applies, and optional
+structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL position).
+
+    GatewayError
+    ├── TokenError (401)            token_missing, token_invalid, token_expired, token_revoked
+    ├── PolicyDenied (403)          no_rule, sql_denied, tool_denied, approval_denied
+    ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
+    ├── PayloadTooLarge (413)       payload_too_large
+    ├── Throttled (429)             rate_limited, quota_exhausted
+    ├── ApprovalTimeout (408)       approval_timeout
+    ├── UpstreamError (502)         upstream_unavailable
+    │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
+    ├── ReplayMiss (421)            replay_miss
+    ├── StateUnavailable (503)      state_unavailable
+    └── InternalError (500)         internal_error
+
+Nothing in a problem body may contain a credential, a token or an upstream body: ``detail``
+is written by us, never copied from a foreign exception.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, ClassVar
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+PROBLEM_TYPE_BASE = "https://capgate.dev/problems/"
+
+
+class Reason(StrEnum):
+    """Stable reason codes. Added, never renamed: agents and dashboards match on them."""
+
+    TOKEN_MISSING = "token_missing"
+    TOKEN_INVALID = "token_invalid"
+    TOKEN_EXPIRED = "token_expired"
+    TOKEN_REVOKED = "token_revoked"
+    TARGET_AMBIGUOUS = "target_ambiguous"
+    NO_RULE = "no_rule"
+    QUERY_INVALID = "query_invalid"
+    BODY_INVALID = "body_invalid"
+    SQL_DENIED = "sql_denied"
+    TOOL_DENIED = "tool_denied"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_TIMEOUT = "approval_timeout"
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    REPLAY_MISS = "replay_miss"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    STATE_UNAVAILABLE = "state_unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class GatewayError(Exception):
+    """Raised when a call is ended by the gateway instead of being answered by an upstream."""
+
+    status: ClassVar[int] = 500
+    reason: ClassVar[Reason] = Reason.INTERNAL_ERROR
+    title: ClassVar[str] = "Gateway error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        rule: str | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.rule = rule
+        self.errors = errors
+        self.headers = headers or {}
+
+    def problem(self, request_id: str) -> dict[str, Any]:
+        """The RFC 9457 body for this error."""
+        body: dict[str, Any] = {
+            "type": PROBLEM_TYPE_BASE + self.reason.value,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "reason": self.reason.value,
+            "request_id": request_id,
+        }
+        if self.rule is not None:
+            body["rule"] = self.rule
+        if self.errors:
+            body["errors"] = self.errors
+        return body
+
+    def problem_bytes(self, request_id: str) -> bytes:
+        return json.dumps(self.problem(request_id), separators=(",", ":")).encode()
+
+
+# --- 401: the token -------------------------------------------------------------------------
+
+
+class TokenError(GatewayError):
+    """Raised when the capability token cannot be accepted."""
+
+    status = 401
+    reason = Reason.TOKEN_INVALID
+    title = "Capability token rejected"
+
+
+class TokenMissing(TokenError):
+    """Raised when a call carries no ``Authorization: Bearer`` token."""
+
+    reason = Reason.TOKEN_MISSING
+    title = "Capability token missing"
+
+
+class TokenInvalid(TokenError):
+    """Raised when a token is malformed, badly signed, or breaks a claim rule."""
+
+    reason = Reason.TOKEN_INVALID
+
+
+class TokenExpired(TokenError):
+    """Raised when a token's ``exp`` is in the past (beyond the configured leeway)."""
+
+    reason = Reason.TOKEN_EXPIRED
+    title = "Capability token expired"
+
+
+class TokenRevoked(TokenError):
+    """Raised when the token, its agent or its run has been revoked."""
+
+    reason = Reason.TOKEN_REVOKED
+    title = "Capability token revoked"
+
+
+# --- 403: the policy ------------------------------------------------------------------------
+
+
+class PolicyDenied(GatewayError):
+    """Raised when the policy does not allow the call."""
+
+    status = 403
+    reason = Reason.NO_RULE
+    title = "Denied by policy"
+
+
+class NoRule(PolicyDenied):
+    """Raised when no rule of the token's roles (narrowed by ``caps``) matches the call."""
+
+    reason = Reason.NO_RULE
+
+
+class SqlDenied(PolicyDenied):
+    """Raised when SQL in the call cannot be parsed or breaks the rule's SQL policy."""
+
+    reason = Reason.SQL_DENIED
+    title = "SQL denied by policy"
+
+
+class ToolDenied(PolicyDenied):
+    """Raised when an MCP ``tools/call`` names a tool or arguments the rule does not allow."""
+
+    reason = Reason.TOOL_DENIED
+    title = "Tool call denied by policy"
+
+
+class ApprovalDenied(PolicyDenied):
+    """Raised when a person declined a call that the rule held for approval."""
+
+    reason = Reason.APPROVAL_DENIED
+    title = "Approval denied"
+
+
+# --- 400: malformed input -------------------------------------------------------------------
+
+
+class BadRequest(GatewayError):
+    """Raised when the call itself is malformed."""
+
+    status = 400
+    reason = Reason.BODY_INVALID
+    title = "Bad request"
+
+
+class TargetAmbiguous(BadRequest):
+    """Raised when the request target is not in its one canonical form (never normalised)."""
+
+    reason = Reason.TARGET_AMBIGUOUS
+    title = "Ambiguous request target"
+
+
+class QueryInvalid(BadRequest):
+    """Raised when a query parameter is unknown, repeated, missing or out of its constraint."""
+
+    reason = Reason.QUERY_INVALID
+    title = "Query not allowed"
+
+
+class BodyInvalid(BadRequest):
+    """Raised when a body is not valid JSON or fails the rule's JSON Schema."""
+
+    reason = Reason.BODY_INVALID
+    title = "Body not allowed"
+
+
+# --- other statuses -------------------------------------------------------------------------
+
+
+class PayloadTooLarge(GatewayError):
+    """Raised when a request or response body exceeds its configured size limit."""
+
+    status = 413
+    reason = Reason.PAYLOAD_TOO_LARGE
+    title = "Payload too large"
+
+
+class Throttled(GatewayError):
+    """Raised when a rate limit or quota refuses the call; carries ``Retry-After``."""
+
+    status = 429
+    reason = Reason.RATE_LIMITED
+    title = "Rate limited"
+
+
+class RateLimited(Throttled):
+    """Raised when the rule's or role's rate for this agent is used up for now."""
+
+    reason = Reason.RATE_LIMITED
+
+
+class QuotaExhausted(Throttled):
+    """Raised when the run's quota of calls (in total or for the rule) is spent."""
+
+    reason = Reason.QUOTA_EXHAUSTED
+    title = "Quota exhausted"
+
+
+class ApprovalTimeout(GatewayError):
+    """Raised when nobody decided on a held call before the approval deadline."""
+
+    status = 408
+    reason = Reason.APPROVAL_TIMEOUT
+    title = "Approval timed out"
+
+
+class UpstreamError(GatewayError):
+    """Raised when the upstream cannot be reached or answers in a way we cannot pass on."""
+
+    status = 502
+    reason = Reason.UPSTREAM_UNAVAILABLE
+    title = "Upstream unavailable"
+
+
+class UpstreamUnavailable(UpstreamError, ConnectionError):
+    """Raised when the connection to the upstream fails or breaks."""
+
+
+class UpstreamTimeout(UpstreamError, TimeoutError):
+    """Raised when the upstream does not connect or answer within its timeouts."""
+
+    status = 504
+    reason = Reason.UPSTREAM_TIMEOUT
+    title = "Upstream timed out"
+
+
+class ReplayMiss(GatewayError):
+    """Raised in replay mode when no recording matches the call (nothing is sent upstream)."""
+
+    # A distinct status, so a replay miss is never mistaken for an upstream's own answer.
+    status = 421
+    reason = Reason.REPLAY_MISS
+    title = "No recording matches this call"
+
+
+class StateUnavailable(GatewayError):
+    """Raised when the shared state store is needed but unreachable or too slow (fail closed)."""
+
+    status = 503
+    reason = Reason.STATE_UNAVAILABLE
+    title = "State store unavailable"
+
+
+class InternalError(GatewayError):
+    """Raised when a bug or an unexpected condition ends the call; the call is denied."""
+
+    status = 500
+    reason = Reason.INTERNAL_ERROR
+    title = "Internal error"
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> InternalError:
+        # The foreign message is never shown: it may carry a secret or an upstream body.
+        err = cls("the gateway failed while handling this call; it was not forwarded")
+        err.__cause__ = exc
+        return err
+
+
+class ConfigError(Exception):
+    """Raised when a setting has a value we cannot use; the message names the key and value."""
+
+
+ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
+    Reason.TOKEN_MISSING: TokenMissing,
+    Reason.TOKEN_INVALID: TokenInvalid,
+    Reason.TOKEN_EXPIRED: TokenExpired,
+    Reason.TOKEN_REVOKED: TokenRevoked,
+    Reason.TARGET_AMBIGUOUS: TargetAmbiguous,
+    Reason.NO_RULE: NoRule,
+    Reason.QUERY_INVALID: QueryInvalid,
+    Reason.BODY_INVALID: BodyInvalid,
+    Reason.SQL_DENIED: SqlDenied,
+    Reason.TOOL_DENIED: ToolDenied,
+    Reason.APPROVAL_DENIED: ApprovalDenied,
+    Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
+    Reason.RATE_LIMITED: RateLimited,
+    Reason.QUOTA_EXHAUSTED: QuotaExhausted,
+    Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,
+    Reason.UPSTREAM_TIMEOUT: UpstreamTimeout,
+    Reason.REPLAY_MISS: ReplayMiss,
+    Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
+    Reason.STATE_UNAVAILABLE: StateUnavailable,
+    Reason.INTERNAL_ERROR: InternalError,
+}
+"""The class raised for each reason; ``test_errors.py`` checks every reason has one."""

@@ -1,0 +1,432 @@
+"""Policy YAML -> ``Policy``, with ``FILE:LINE:COL: message`` for every error.
+
+The whole file is checked in one pass; a file with any error raises ``PolicyError`` listing
+all of them and never produces a partial policy. The format is documented in README.md and
+by example in ``policies/example.yaml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from yarl import URL
+
+from gateway.policy.model import (
+    METHODS,
+    Constraint,
+    Credentials,
+    PathPattern,
+    PayloadCheck,
+    Policy,
+    Role,
+    Rule,
+    Upstream,
+)
+from gateway.policy.source import Node, PolicyError, read_document
+from gateway.target import UPSTREAM_NAME
+
+SUPPORTED_VERSIONS = (1,)
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+RULE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+# A literal path segment in a pattern: pchar without '%' escapes, ';' or a lone dot segment.
+LITERAL_SEGMENT = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=:@]+")
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+SECRET_REF = re.compile(r"(env:[A-Za-z_][A-Za-z0-9_{}]*|file:.+)")
+# Headers a rule may not name: the gateway owns them (credentials, hop-by-hop, routing).
+RESERVED_HEADERS = frozenset(
+    {
+        "authorization",
+        "cookie",
+        "host",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "forwarded",
+    }
+)
+
+# Payload checks a rule may carry: key in the rule -> compiler(node, rule context) -> check.
+# Each checks module registers itself here; the loader knows nothing of SQL or MCP.
+PayloadCompiler = Callable[[Node, dict[str, Any]], PayloadCheck | None]
+PAYLOAD_COMPILERS: dict[str, PayloadCompiler] = {}
+
+RULE_KEYS = (
+    "id",
+    "upstream",
+    "allow",
+    "description",
+    "params",
+    "query",
+    "allow_extra_query",
+    "headers",
+    "tool",
+    "approval",
+    "rate",
+    "quota",
+    "volatile",
+    "on_state_error",
+)
+
+
+def register_payload_check(key: str, compiler: PayloadCompiler) -> None:
+    PAYLOAD_COMPILERS[key] = compiler
+
+
+def _ensure_checks_registered() -> None:
+    # Importing the checks package registers its compilers (body, sql, mcp).
+    import gateway.checks  # noqa: F401
+
+
+def load_policy(path: str | Path, text: str | None = None) -> Policy:
+    """Load and compile a policy file; raise ``PolicyError`` with every problem found."""
+    _ensure_checks_registered()
+    root = read_document(path, text)
+    raw_text = text if text is not None else Path(path).read_text("utf-8")
+    doc = root.as_map(required=("version", "upstreams", "roles"), optional=("description",))
+    if doc is None:
+        raise PolicyError(root.issues)
+    if "version" in doc:
+        version = doc["version"].as_int()
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            doc["version"].fail(f"version: unsupported version {version}; expected 1")
+    upstreams: dict[str, Upstream] = {}
+    if "upstreams" in doc:
+        for key, node in doc["upstreams"].entries():
+            up = _upstream(key, node)
+            if up is not None:
+                upstreams[up.name] = up
+        if not doc["upstreams"].value:
+            doc["upstreams"].fail("upstreams: at least one upstream is required")
+    roles: dict[str, Role] = {}
+    rule_ids: dict[str, Node] = {}
+    if "roles" in doc:
+        for key, node in doc["roles"].entries():
+            role = _role(key, node, upstreams, rule_ids)
+            if role is not None:
+                roles[role.name] = role
+    if root.issues:
+        raise PolicyError(root.issues)
+    digest = hashlib.sha256(raw_text.encode()).hexdigest()[:16]
+    return Policy(
+        version=1, source=str(path), upstreams=upstreams, roles=roles, digest=digest
+    )
+
+
+def _upstream(key: Node, node: Node) -> Upstream | None:
+    name = key.value
+    if not UPSTREAM_NAME.fullmatch(name):
+        key.fail(f"upstream name {name!r} must be lower-case letters, digits, '-' or '_'")
+    m = node.as_map(
+        required=("url",),
+        optional=("kind", "timeouts", "limits", "credentials", "description"),
+    )
+    if m is None:
+        return None
+    url: URL | None = None
+    if "url" in m:
+        text = m["url"].as_str()
+        if text is not None:
+            try:
+                url = URL(text)
+            except (ValueError, TypeError):
+                url = None
+            if (
+                url is None
+                or url.scheme not in ("http", "https")
+                or not url.host
+                or url.query_string
+                or url.fragment
+                or url.user
+            ):
+                m["url"].fail(
+                    f"upstreams.{name}.url: expected an http(s) URL without query, "
+                    f"fragment or credentials, got {text!r}"
+                )
+                url = None
+    kind = m["kind"].as_choice(("http", "mcp")) if "kind" in m else "http"
+    connect, read = 5.0, 30.0
+    if "timeouts" in m:
+        t = m["timeouts"].as_map(optional=("connect", "read"))
+        if t:
+            connect = t["connect"].as_duration() or connect if "connect" in t else connect
+            read = t["read"].as_duration() or read if "read" in t else read
+    req_limit, resp_limit = 1024 * 1024, 16 * 1024 * 1024
+    if "limits" in m:
+        lim = m["limits"].as_map(optional=("request_body", "response_body"))
+        if lim:
+            if "request_body" in lim:
+                req_limit = lim["request_body"].as_size() or req_limit
+            if "response_body" in lim:
+                resp_limit = lim["response_body"].as_size() or resp_limit
+    creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
+    if url is None or kind is None or creds is None:
+        return None
+    return Upstream(
+        name=name,
+        url=url,
+        kind=kind,
+        connect_timeout=connect,
+        read_timeout=read,
+        max_request_body=req_limit,
+        max_response_body=resp_limit,
+        credentials=creds,
+    )
+
+
+def _credentials(upstream: str, node: Node) -> Credentials | None:
+    m = node.as_map(
+        required=("type",), optional=("secret", "header", "prefix", "audience", "ttl")
+    )
+    if m is None or "type" not in m:
+        return None
+    kind = m["type"].as_choice(("none", "bearer", "header", "agent-jwt"))
+    if kind is None:
+        return None
+    secret = None
+    if kind in ("bearer", "header"):
+        if "secret" not in m:
+            node.fail(f"upstreams.{upstream}.credentials: type {kind} needs a 'secret'")
+            return None
+        secret = m["secret"].as_str(pattern=SECRET_REF, what="a reference env:NAME or file:PATH")
+        if secret is None:
+            return None
+    elif "secret" in m:
+        m["secret"].fail(f"upstreams.{upstream}.credentials: type {kind} takes no 'secret'")
+    header, prefix = "Authorization", "Bearer " if kind in ("bearer", "agent-jwt") else ""
+    if kind == "header":
+        if "header" not in m:
+            node.fail(f"upstreams.{upstream}.credentials: type header needs a 'header' name")
+            return None
+        header = m["header"].as_str(pattern=HEADER_NAME, what="a header name") or header
+        if header.lower() in RESERVED_HEADERS - {"authorization"}:
+            m["header"].fail(f"header {header!r} cannot carry a credential")
+        prefix = m["prefix"].as_str() or "" if "prefix" in m else ""
+    audience = None
+    ttl = 300.0
+    if kind == "agent-jwt":
+        audience = m["audience"].as_str() if "audience" in m else upstream
+        if "ttl" in m:
+            ttl = m["ttl"].as_duration() or ttl
+            if not 10 <= ttl <= 3600:
+                m["ttl"].fail("ttl: an agent-jwt lifetime must be between 10s and 1h")
+    return Credentials(
+        type=kind, secret=secret, header=header, prefix=prefix, audience=audience, ttl=ttl
+    )
+
+
+def _role(key: Node, node: Node, upstreams: dict[str, Upstream], ids: dict[str, Node]) -> Role | None:
+    name = key.value
+    if not NAME.fullmatch(name):
+        key.fail(f"role name {name!r} must be letters, digits, '.', '-' or '_'")
+    m = node.as_map(required=("rules",), optional=("description", "rate", "quota"))
+    if m is None:
+        return None
+    rate = _rate(m["rate"]) if "rate" in m else None
+    run_quota = m["quota"].as_int(minimum=1) if "quota" in m else None
+    rules: list[Rule] = []
+    if "rules" in m:
+        items = m["rules"].as_list()
+        for item in items or ():
+            rule = _rule(name, item, upstreams, ids)
+            if rule is not None:
+                rules.append(rule)
+    return Role(name=name, rules=tuple(rules), rate=rate, run_quota=run_quota)
+
+
+def _rate(node: Node) -> Any:
+    from gateway.limits import parse_rate
+
+    text = node.as_str(what="a rate such as 60/minute")
+    if text is None:
+        return None
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        node.fail(f"{node.where}: {exc}")
+        return None
+
+
+def _rule(role: str, node: Node, upstreams: dict[str, Upstream], ids: dict[str, Node]) -> Rule | None:
+    m = node.as_map(
+        required=("id", "upstream", "allow"),
+        optional=RULE_KEYS + tuple(PAYLOAD_COMPILERS),
+    )
+    if m is None:
+        return None
+    rule_id = m["id"].as_str(pattern=RULE_ID, what="a rule id") if "id" in m else None
+    if rule_id is not None:
+        if rule_id in ids:
+            first = ids[rule_id]
+            m["id"].fail(f"duplicate rule id {rule_id!r} (first defined at line {first.line})")
+        else:
+            ids[rule_id] = m["id"]
+    upstream = m["upstream"].as_str() if "upstream" in m else None
+    if upstream is not None and upstream not in upstreams:
+        m["upstream"].fail(
+            f"unknown upstream {upstream!r}; defined upstreams: {sorted(upstreams)}"
+        )
+        upstream = None
+    params: dict[str, Constraint] = {}
+    if "params" in m:
+        for k, v in m["params"].entries():
+            c = _constraint(k.value, v)
+            if c is not None:
+                params[k.value] = c
+    method, pattern = None, None
+    if "allow" in m:
+        method, pattern = _allow(m["allow"], params)
+    query: dict[str, Constraint] = {}
+    if "query" in m:
+        for k, v in m["query"].entries():
+            c = _constraint(k.value, v)
+            if c is not None:
+                query[k.value] = c
+    extra = m["allow_extra_query"].as_bool() if "allow_extra_query" in m else False
+    headers: dict[str, Constraint] = {}
+    if "headers" in m:
+        for k, v in m["headers"].entries():
+            if not HEADER_NAME.fullmatch(k.value):
+                k.fail(f"{k.value!r} is not a header name")
+                continue
+            if k.value.lower() in RESERVED_HEADERS or k.value.lower().startswith("proxy-"):
+                k.fail(f"header {k.value!r} is managed by the gateway and cannot be allowed")
+                continue
+            c = _constraint(k.value.lower(), v)
+            if c is not None:
+                headers[k.value.lower()] = c
+    tool = m["tool"].as_str() if "tool" in m else None
+    if tool is not None and upstream is not None and upstreams[upstream].kind != "mcp":
+        m["tool"].fail(f"'tool' needs an upstream of kind mcp; {upstream!r} is {upstreams[upstream].kind}")
+    approval = False
+    if "approval" in m:
+        approval = m["approval"].as_choice(("required", "none")) == "required"
+    rate = _rate(m["rate"]) if "rate" in m else None
+    quota = m["quota"].as_int(minimum=1) if "quota" in m else None
+    volatile = tuple(m["volatile"].as_str_list() or ()) if "volatile" in m else ()
+    on_state_error = m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
+    context: dict[str, Any] = {
+        "rule_id": rule_id,
+        "upstream": upstreams.get(upstream) if upstream else None,
+        "tool": tool,
+    }
+    checks: list[PayloadCheck] = []
+    for key, compiler in PAYLOAD_COMPILERS.items():
+        if key in m:
+            check = compiler(m[key], context)
+            if check is not None:
+                checks.append(check)
+    if rule_id is None or upstream is None or method is None or pattern is None:
+        return None
+    return Rule(
+        id=rule_id,
+        role=role,
+        upstream=upstream,
+        method=method,
+        path=pattern,
+        query=query,
+        allow_extra_query=bool(extra),
+        headers=headers,
+        checks=tuple(checks),
+        tool=tool,
+        approval=approval,
+        rate=rate,
+        quota=quota,
+        volatile=volatile,
+        on_state_error=on_state_error or "deny",
+        line=node.line,
+    )
+
+
+def _allow(node: Node, params: dict[str, Constraint]) -> tuple[str | None, PathPattern | None]:
+    text = node.as_str(what="'METHOD /path'")
+    if text is None:
+        return None, None
+    method, _, path = text.strip().partition(" ")
+    path = path.strip()
+    if method not in METHODS:
+        node.fail(f"allow: unknown method {method!r}; expected one of {list(METHODS)}")
+        return None, None
+    if not path.startswith("/"):
+        node.fail(f"allow: path pattern must start with '/', got {path!r}")
+        return None, None
+    segments: list[str | Constraint] = []
+    named: set[str] = set()
+    parts = path[1:].split("/") if path != "/" else [""]
+    for i, part in enumerate(parts):
+        pm = PARAM.fullmatch(part)
+        if pm:
+            name = pm.group(1)
+            if name in named:
+                node.fail(f"allow: path parameter {name!r} appears twice")
+                return None, None
+            named.add(name)
+            segments.append(params.get(name, Constraint(name=name)))
+            continue
+        if part == "" and i == len(parts) - 1:
+            segments.append("")  # trailing slash, matched literally
+            continue
+        if part in (".", "..") or not LITERAL_SEGMENT.fullmatch(part):
+            node.fail(
+                f"allow: bad path pattern segment {part!r} in {path!r}; expected literal "
+                "text (letters, digits, -._~!$&'()*+,=:@) or a {name} parameter"
+            )
+            return None, None
+        segments.append(part)
+    for name in params:
+        if name not in named:
+            node.fail(f"params: {name!r} is not a parameter of the path {path!r}")
+    return method, PathPattern(text=path, segments=tuple(segments))
+
+
+def _constraint(name: str, node: Node) -> Constraint | None:
+    if isinstance(node.value, list):  # shorthand: a list of allowed values
+        values = node.as_str_list()
+        return Constraint(name=name, enum=frozenset(values)) if values is not None else None
+    m = node.as_map(
+        optional=("required", "enum", "regex", "integer", "min", "max", "max_length", "repeat")
+    )
+    if m is None:
+        return None
+    enum = None
+    if "enum" in m:
+        values = [str(v.value) if isinstance(v.value, int | str) and not isinstance(v.value, bool)
+                  else v.as_str() for v in (m["enum"].as_list() or [])]
+        if any(v is None for v in values):
+            return None
+        enum = frozenset(v for v in values if v is not None)
+    regex = None
+    if "regex" in m:
+        text = m["regex"].as_str()
+        if text is not None:
+            try:
+                regex = re.compile(text)
+            except re.error as exc:
+                m["regex"].fail(f"{m['regex'].where}: bad regular expression: {exc}")
+    minimum = m["min"].as_int() if "min" in m else None
+    maximum = m["max"].as_int() if "max" in m else None
+    integer = bool(m["integer"].as_bool()) if "integer" in m else False
+    integer = integer or minimum is not None or maximum is not None
+    if minimum is not None and maximum is not None and minimum > maximum:
+        node.fail(f"{node.where}: min {minimum} is greater than max {maximum}")
+    max_length = m["max_length"].as_int(minimum=1) if "max_length" in m else 1024
+    return Constraint(
+        name=name,
+        required=bool(m["required"].as_bool()) if "required" in m else False,
+        enum=enum,
+        regex=regex,
+        integer=integer,
+        minimum=minimum,
+        maximum=maximum,
+        max_length=max_length or 1024,
+        repeat=bool(m["repeat"].as_bool()) if "repeat" in m else False,
+    )

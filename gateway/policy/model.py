@@ -1,0 +1,278 @@
+"""The typed, compiled policy: upstreams, roles, rules, and the matcher.
+
+A ``Policy`` is built once by ``policy.load`` and never changed; a reload builds a new one
+and swaps it in whole. Everything the hot path needs is precomputed here: rules are indexed
+by (role, upstream, method), path patterns are split into segments, regexes compiled.
+
+Matching is default deny. ``Policy.match`` either returns the one rule that allows the call
+or raises the ``GatewayError`` that says why not (``no_rule``, ``query_invalid``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from yarl import URL
+
+from gateway.errors import NoRule, QueryInvalid
+from gateway.target import Target
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+class PayloadCheck(Protocol):
+    """A compiled check of a call's payload (JSON Schema, SQL, MCP tool), from a rule."""
+
+    kind: str
+
+    def check(self, call: Any) -> None:
+        """Raise a ``GatewayError`` when the payload breaks the rule; may rewrite the body."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How the gateway authenticates to an upstream; ``secret`` is a reference, not a value."""
+
+    type: str = "none"  # none | bearer | header | agent-jwt
+    secret: str | None = None  # env:NAME or file:PATH, may contain {agent}
+    header: str = "Authorization"
+    prefix: str = ""  # e.g. "Bearer " for type bearer
+    audience: str | None = None  # agent-jwt
+    ttl: float = 300.0  # agent-jwt lifetime, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    name: str
+    url: URL
+    kind: str = "http"  # http | mcp
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_request_body: int = 1024 * 1024
+    max_response_body: int = 16 * 1024 * 1024
+    credentials: Credentials = field(default_factory=Credentials)
+
+    @property
+    def base_path(self) -> str:
+        """The upstream URL's path without its trailing slash ("" for the root)."""
+        return self.url.raw_path.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What one query parameter, path parameter or header value may be."""
+
+    name: str
+    required: bool = False
+    enum: frozenset[str] | None = None
+    regex: re.Pattern[str] | None = None
+    integer: bool = False
+    minimum: int | None = None
+    maximum: int | None = None
+    max_length: int = 1024
+    repeat: bool = False
+
+    def violation(self, value: str) -> str | None:
+        """Why ``value`` is not allowed, or None when it is."""
+        if len(value) > self.max_length:
+            return f"is longer than {self.max_length} characters"
+        if self.enum is not None and value not in self.enum:
+            return f"must be one of {sorted(self.enum)}"
+        if self.integer:
+            # Only plain decimal digits with an optional minus: no '+', spaces, '_' or '0x'.
+            if not _INTEGER.fullmatch(value):
+                return "must be an integer"
+            number = int(value)
+            if self.minimum is not None and number < self.minimum:
+                return f"must be at least {self.minimum}"
+            if self.maximum is not None and number > self.maximum:
+                return f"must be at most {self.maximum}"
+        if self.regex is not None and not self.regex.fullmatch(value):
+            return f"must match {self.regex.pattern!r}"
+        return None
+
+
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,17})")
+
+
+@dataclass(frozen=True, slots=True)
+class PathPattern:
+    """``/metrics/{name}``: literal segments and named single-segment parameters."""
+
+    text: str
+    segments: tuple[str | Constraint, ...]  # str: literal (canonical form), Constraint: param
+
+    def match(self, segments: tuple[str, ...]) -> dict[str, str] | None | str:
+        """Params when the path matches; None when it does not; a str reason when a param
+        value breaks its constraint."""
+        if len(segments) != len(self.segments):
+            return None
+        params: dict[str, str] = {}
+        bad: str | None = None
+        for want, got in zip(self.segments, segments, strict=True):
+            if isinstance(want, str):
+                if want != got:
+                    return None
+            else:
+                problem = want.violation(got)
+                if problem is not None and bad is None:
+                    bad = f"path parameter {want.name!r} {problem}"
+                params[want.name] = got
+        return bad if bad is not None else params
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    role: str
+    upstream: str
+    method: str
+    path: PathPattern
+    query: Mapping[str, Constraint] = field(default_factory=dict)
+    allow_extra_query: bool = False
+    headers: Mapping[str, Constraint] = field(default_factory=dict)  # lower-case names
+    checks: tuple[PayloadCheck, ...] = ()
+    tool: str | None = None  # MCP: the tool this rule allows
+    approval: bool = False
+    rate: Any = None  # limits.Rate
+    quota: int | None = None  # calls per run for this rule
+    volatile: tuple[str, ...] = ()
+    on_state_error: str = "deny"  # deny | allow
+    line: int = 0  # where the rule starts in the policy file
+
+    def describe(self) -> str:
+        return f"{self.method} {self.path.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    name: str
+    rules: tuple[Rule, ...]
+    rate: Any = None
+    run_quota: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    rule: Rule
+    params: Mapping[str, str]
+
+
+@dataclass
+class Policy:
+    version: int
+    source: str
+    upstreams: dict[str, Upstream]
+    roles: dict[str, Role]
+    digest: str = ""
+    # (role, upstream, method) -> rules in file order
+    _index: dict[tuple[str, str, str], tuple[Rule, ...]] = field(default_factory=dict)
+    rules_by_id: dict[str, Rule] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        index: dict[tuple[str, str, str], list[Rule]] = {}
+        for role in self.roles.values():
+            for rule in role.rules:
+                index.setdefault((role.name, rule.upstream, rule.method), []).append(rule)
+                self.rules_by_id[rule.id] = rule
+        self._index = {k: tuple(v) for k, v in index.items()}
+
+    def candidates(
+        self, roles: Iterable[str], caps: frozenset[str] | None, upstream: str, method: str
+    ) -> list[Rule]:
+        """Rules the token's roles grant for this upstream and method, narrowed by caps."""
+        out: list[Rule] = []
+        seen: set[str] = set()
+        for role in roles:
+            for rule in self._index.get((role, upstream, method), ()):
+                if rule.id in seen:
+                    continue
+                if caps is not None and rule.id not in caps:
+                    continue
+                seen.add(rule.id)
+                out.append(rule)
+        return out
+
+    def match(
+        self,
+        roles: Iterable[str],
+        caps: frozenset[str] | None,
+        target: Target,
+        method: str,
+        headers: Mapping[str, str],
+        tool: str | None = None,
+    ) -> Match:
+        """The first rule that allows the call, or raise why none does.
+
+        A rule that matches the path but not the query or headers is remembered, so the
+        denial says what was wrong (``query_invalid``) instead of only ``no_rule``.
+        """
+        if target.upstream not in self.upstreams:
+            raise NoRule(f"there is no upstream named {target.upstream!r}")
+        near: QueryInvalid | None = None
+        near_path: str | None = None
+        for rule in self.candidates(roles, caps, target.upstream, method):
+            if rule.tool is not None and rule.tool != tool:
+                continue
+            params = rule.path.match(target.segments)
+            if params is None:
+                continue
+            if isinstance(params, str):
+                near_path = near_path or f"rule {rule.id!r}: {params}"
+                continue
+            problem = _query_violation(rule, target.query_pairs) or _header_violation(
+                rule, headers
+            )
+            if problem is not None:
+                near = near or QueryInvalid(problem, rule=rule.id)
+                continue
+            return Match(rule, params)
+        if near is not None:
+            raise near
+        detail = f"no rule of the token's roles allows {method} /{target.upstream}{target.rest}"
+        if tool is not None:
+            detail = f"no rule of the token's roles allows the tool {tool!r}"
+        if near_path is not None:
+            detail += f" ({near_path})"
+        raise NoRule(detail)
+
+
+def _query_violation(rule: Rule, pairs: tuple[tuple[str, str], ...]) -> str | None:
+    seen: dict[str, int] = {}
+    for name, value in pairs:
+        constraint = rule.query.get(name)
+        if constraint is None:
+            if not rule.allow_extra_query:
+                return f"query parameter {name!r} is not allowed by rule {rule.id!r}"
+            continue
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1 and not constraint.repeat:
+            return f"query parameter {name!r} is repeated"
+        problem = constraint.violation(value)
+        if problem is not None:
+            return f"query parameter {name!r} {problem}"
+    for name, constraint in rule.query.items():
+        if constraint.required and name not in seen:
+            return f"query parameter {name!r} is required"
+    return None
+
+
+def _header_violation(rule: Rule, headers: Mapping[str, str]) -> str | None:
+    for name, constraint in rule.headers.items():
+        values = headers.getall(name, []) if hasattr(headers, "getall") else []
+        if not hasattr(headers, "getall") and name in headers:
+            values = [headers[name]]
+        if not values:
+            if constraint.required:
+                return f"header {name!r} is required"
+            continue
+        if len(values) > 1 and not constraint.repeat:
+            return f"header {name!r} is repeated"
+        for value in values:
+            problem = constraint.violation(value)
+            if problem is not None:
+                return f"header {name!r} {problem}"
+    return None

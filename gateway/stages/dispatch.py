@@ -1,0 +1,61 @@
+"""dispatch: send the checked call through the transport (live upstream, recorder or replay)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from gateway.errors import PayloadTooLarge, UpstreamError
+from gateway.transports.base import Body, UpstreamRequest
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.call import Call
+
+
+class _BodyLimit:
+    """Streams the agent's body to the upstream, stopping at the upstream's size limit."""
+
+    def __init__(self, call: Call, limit: int) -> None:
+        self.call = call
+        self.limit = limit
+        self.exceeded = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        assert self.call.request is not None
+        size = 0
+        async for chunk in self.call.request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > self.limit:
+                self.exceeded = True
+                raise PayloadTooLarge(f"the request body is larger than {self.limit} bytes")
+            yield chunk
+
+
+async def dispatch(call: Call, gw: Gateway) -> None:
+    assert call.upstream is not None and call.target is not None
+    assert call.outbound_headers is not None and call.claims is not None
+    limit = call.upstream.max_request_body
+    body: Body = call.body
+    streamer: _BodyLimit | None = None
+    if body is None and call.request is not None and call.request.body_exists:
+        declared = call.request.content_length
+        if declared is not None and declared > limit:
+            raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+        streamer = _BodyLimit(call, limit)
+        body = streamer.chunks()
+    request = UpstreamRequest(
+        upstream=call.upstream,
+        method=call.method,
+        target=call.target.forward_target,
+        headers=call.outbound_headers,
+        body=body,
+        agent=call.claims.agent,
+        run=call.claims.run,
+    )
+    try:
+        call.response = await gw.transport.send(request)
+    except (UpstreamError, OSError) as exc:
+        if streamer is not None and streamer.exceeded:
+            raise PayloadTooLarge(f"the request body is larger than {limit} bytes") from exc
+        raise

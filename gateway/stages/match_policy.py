@@ -1,0 +1,29 @@
+"""match_policy: claims + target (+ MCP tool) to the one rule that allows the call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.call import Call
+
+
+async def match_policy(call: Call, gw: Gateway) -> None:
+    assert call.target is not None and call.claims is not None
+    policy = gw.policy  # one policy for the whole call, even if a reload swaps it meanwhile
+    call.policy = policy
+    upstream = policy.upstreams.get(call.target.upstream)
+    if upstream is not None:
+        call.upstream = upstream
+        if upstream.kind == "mcp":
+            # The rule for an MCP call depends on the tool named in its JSON-RPC body.
+            await gw.mcp.inspect_request(call, upstream)
+    call.match = policy.match(
+        call.claims.roles,
+        call.claims.caps,
+        call.target,
+        call.method,
+        call.headers,
+        tool=call.tool,
+    )

@@ -1,0 +1,167 @@
+"""respond: the only builder of agent responses, a streamed upstream answer or problem+json.
+
+Upstream bodies are streamed through chunk by chunk, never held whole. The response size
+limit is enforced as bytes pass; any exact credential value the gateway injected is masked
+if the upstream reflects it (in a header or the body), so the agent never sees it even from
+an upstream that echoes its request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.checks.mcp import filter_json, filter_sse, jsonrpc_error_body, tools_list_ids
+from gateway.errors import (
+    PROBLEM_CONTENT_TYPE,
+    GatewayError,
+    InternalError,
+    PayloadTooLarge,
+    TokenError,
+    UpstreamError,
+)
+from gateway.stages.inject import HOP_BY_HOP, connection_named
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.call import Call
+
+log = logging.getLogger("capgate")
+
+# Never passed back to the agent: hop-by-hop, cookies set for the gateway's own credential,
+# and lengths/encodings aiohttp recomputes for the agent's connection.
+RESPONSE_DROP = HOP_BY_HOP | {"set-cookie", "set-cookie2", "x-request-id"}
+
+
+class ResponseTooLarge(PayloadTooLarge):
+    """Raised when an upstream's response exceeds the upstream's response size limit."""
+
+    status = 502
+
+
+class Scrubber:
+    """Masks every occurrence of one secret in a byte stream, across chunk boundaries."""
+
+    __slots__ = ("secret", "mask", "tail")
+
+    def __init__(self, secret: bytes) -> None:
+        self.secret = secret
+        self.mask = b"*" * len(secret)
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = (self.tail + chunk).replace(self.secret, self.mask)
+        keep = len(self.secret) - 1
+        # Hold back the longest suffix that could still begin the secret.
+        cut = len(data)
+        i = data.find(self.secret[:1], max(len(data) - keep, 0))
+        while i != -1:
+            if self.secret.startswith(data[i:]):
+                cut = i
+                break
+            i = data.find(self.secret[:1], i + 1)
+        self.tail = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        tail, self.tail = self.tail, b""
+        return tail
+
+
+def problem_response(err: GatewayError, request_id: str) -> web.Response:
+    headers = {"X-Request-Id": request_id, **err.headers}
+    if isinstance(err, TokenError):
+        headers["WWW-Authenticate"] = f'Bearer realm="capgate", error="{err.reason.value}"'
+    return web.Response(
+        status=err.status,
+        body=err.problem_bytes(request_id),
+        content_type=PROBLEM_CONTENT_TYPE,
+        headers=headers,
+    )
+
+
+def refusal(call: Call, err: GatewayError) -> web.Response:
+    """The answer to a refused call: problem+json, or a JSON-RPC error for an MCP call."""
+    if call.upstream is not None and call.upstream.kind == "mcp" and not isinstance(err, TokenError):
+        body = jsonrpc_error_body(call, err)
+        if body is not None:
+            call.status = 200
+            return web.Response(
+                status=200,
+                body=body,
+                content_type="application/json",
+                headers={"X-Request-Id": call.request_id, "X-Capgate-Reason": err.reason.value},
+            )
+    call.status = err.status
+    return problem_response(err, call.request_id)
+
+
+async def _limited(chunks: AsyncIterator[bytes], call: Call, limit: int) -> AsyncIterator[bytes]:
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
+        call.response_bytes = total
+        yield chunk
+
+
+async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.StreamResponse:
+    if call.error is not None or call.response is None:
+        return refusal(call, call.error or InternalError("no response"))
+    assert call.upstream is not None
+    upstream = call.response
+    limit = call.upstream.max_response_body
+    secret = call.injection.secret.reveal().encode() if call.injection is not None else None
+    chunks = _limited(upstream.iter_chunks(), call, limit)
+    drop = RESPONSE_DROP | connection_named(upstream.headers)
+    try:
+        declared = upstream.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
+        if call.upstream.kind == "mcp" and 200 <= upstream.status < 300:
+            ids = tools_list_ids(call)
+            if ids:
+                allowed = gw.mcp.allowed_tools(call)
+                media = upstream.headers.get("Content-Type", "").split(";")[0].strip().lower()
+                rewrite = filter_sse if media == "text/event-stream" else filter_json
+                chunks = rewrite(chunks, ids, allowed, limit)
+                drop = drop | {"content-length"}
+    except GatewayError as err:
+        await upstream.close()
+        call.error = err
+        return refusal(call, err)
+
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
+    for name, value in upstream.headers.items():
+        if name.lower() in drop:
+            continue
+        if secret and secret in value.encode():
+            value = value.replace(secret.decode(), "*" * len(secret))
+        out.headers.add(name, value)
+    out.headers["X-Request-Id"] = call.request_id
+    call.status = upstream.status
+    scrub = Scrubber(secret) if secret else None
+    try:
+        await out.prepare(request)
+        async for chunk in chunks:
+            if scrub is not None:
+                chunk = scrub.feed(chunk)
+            if chunk:
+                await out.write(chunk)
+        if scrub is not None and scrub.tail:
+            await out.write(scrub.flush())
+        await out.write_eof()
+    except (GatewayError, ConnectionResetError) as exc:
+        # Headers are already sent: cutting the connection is the only honest signal left.
+        call.error = exc if isinstance(exc, GatewayError) else UpstreamError(
+            "the agent's connection closed during the response"
+        )
+        if request.transport is not None:
+            request.transport.close()
+    finally:
+        await upstream.close()
+    return out

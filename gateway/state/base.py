@@ -1,0 +1,308 @@
+"""The one interface of capgate's shared state, and the pieces both backends share.
+
+The gateway's stages need three things from shared state, and this interface offers exactly
+those, not a key-value store:
+
+* **Revocations** (the token stage). ``revoke`` records a revoked token id (``jti``), agent
+  or run; ``is_revoked`` answers synchronously from a local mirror, so the hot path never
+  waits on the network. ``on_revoke`` listeners hear every revocation that reaches the
+  mirror, local or remote, so the gateway can drop cached verdicts and cancel calls.
+* **Rates** (the throttle stage). ``take`` is a GCRA limiter: atomic, and timed by one clock
+  (the Redis server's, on Redis), so many gateways share one limit exactly.
+* **Quotas** (the throttle stage). ``consume_quota(s)`` counts calls of a run against a limit
+  that never refills; a refused call counts nothing.
+
+Every method that needs the backing service either answers within a short timeout or raises
+``StateUnavailable``; the gateway fails closed on it.
+
+Approvals (held calls waiting for a person) will be added to this interface; see the marked
+section in ``StateStore``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from gateway.limits import Rate
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "REVOCATION_KINDS",
+    "Admission",
+    "RevocationKind",
+    "RevocationListener",
+    "Revocations",
+    "StateStore",
+    "gcra",
+    "redact_url",
+]
+
+log = logging.getLogger("gateway.state")
+
+DEFAULT_PREFIX = "capgate:"
+"""The default namespace of every key (and channel) a store writes."""
+
+RevocationKind = Literal["jti", "agent", "run"]
+REVOCATION_KINDS: tuple[RevocationKind, ...] = get_args(RevocationKind)
+RevocationListener = Callable[[str, str], None]
+"""Called as ``listener(kind, value)``; must be quick and must not block."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A limiter's or quota's answer to one call.
+
+    ``retry_after`` is 0 when allowed, else seconds until a retry can succeed (for a spent
+    quota: until its counter is forgotten). ``remaining`` is how many more unit-cost calls
+    would be admitted right now. ``limited_by`` is, for ``consume_quotas``, the index of the
+    item that refused the call.
+    """
+
+    allowed: bool
+    retry_after: float
+    remaining: int
+    limited_by: int | None = None
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Shared state as the gateway's stages need it. Implemented by the memory and redis
+    backends; create one with ``gateway.state.open_store(url)``."""
+
+    backend: str
+    """``"memory"`` or ``"redis"``."""
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and load the revocation mirror. Raises ``StateUnavailable`` on failure."""
+        ...
+
+    async def close(self) -> None:
+        """Stop background work and release connections. Idempotent."""
+        ...
+
+    async def health(self) -> dict[str, Any]:
+        """``{"backend": str, "reachable": bool, "detail": str}`` (may hold more keys).
+
+        Never raises; bounded by the store's timeout."""
+        ...
+
+    # --- revocations --------------------------------------------------------------------
+
+    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+        """Revoke a token id, an agent or a run, for every gateway sharing this store.
+
+        ``until`` is the unix time after which the entry no longer matches and may be
+        forgotten (for a ``jti``, the token's ``exp``); ``None`` means forever. Revoking
+        again keeps the later ``until``. The local mirror is updated (and listeners told)
+        before the shared write, so this gateway enforces the revocation even if that write
+        fails with ``StateUnavailable``.
+        """
+        ...
+
+    def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
+        """Which of ``jti``, ``agent`` or ``run`` (checked in that order) is revoked, if any.
+
+        Synchronous and O(1): reads the local mirror only. Raises ``StateUnavailable``
+        while the mirror cannot be trusted to be current (fail closed).
+        """
+        ...
+
+    def on_revoke(self, callback: RevocationListener) -> None:
+        """Call ``callback(kind, value)`` for every revocation that reaches the mirror."""
+        ...
+
+    # --- rates --------------------------------------------------------------------------
+
+    async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
+        """Take ``cost`` units from the limiter ``key`` (GCRA). A refusal takes nothing."""
+        ...
+
+    # --- quotas -------------------------------------------------------------------------
+
+    async def consume_quota(
+        self, key: str, limit: int, *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        """Count ``cost`` calls against a counter that never refills, unless that would pass
+        ``limit``; then count nothing and refuse. The counter is kept at least ``ttl_s``
+        after its last use."""
+        ...
+
+    async def consume_quotas(
+        self, items: Sequence[tuple[str, int]], *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        """``consume_quota`` over several ``(key, limit)`` counters at once, all or nothing:
+        if any would pass its limit none is counted, and ``limited_by`` is its index. On
+        Redis Cluster the keys must share a hash tag."""
+        ...
+
+    # --- approvals (reserved) -----------------------------------------------------------
+    #
+    # Held calls waiting for a person's decision will live here, shaped like the rest:
+    # create a pending approval with a deadline, decide it (from any gateway), and wait for
+    # the decision with a timeout. On Redis the decision will be published like revocations
+    # so the waiting gateway hears it at once. Not implemented yet.
+
+
+class Revocations:
+    """The local revocation mirror: O(1) lookups, expiring entries, change listeners.
+
+    Entries map a value to its ``until`` (``math.inf`` for forever). An entry matches while
+    the current time is before its ``until``; expired entries are dropped by ``prune`` (called
+    from ``apply`` and the stores' housekeeping), so memory stays bounded by the live set.
+    Not thread-safe: used from one event loop.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, float]] = {kind: {} for kind in REVOCATION_KINDS}
+        self._expiry: list[tuple[float, str, str]] = []  # heap of (until, kind, value)
+        self._listeners: list[RevocationListener] = []
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._entries.values())
+
+    def add_listener(self, callback: RevocationListener) -> None:
+        self._listeners.append(callback)
+
+    def apply(self, kind: str, value: str, until: float | None, *, now: float) -> bool:
+        """Record a revocation; tell the listeners if it is new or now lasts longer.
+
+        Returns whether anything changed (a repeat, e.g. our own message echoed back by
+        pub/sub, changes nothing and is not announced twice).
+        """
+        entries = self._entries.get(kind)
+        if entries is None:
+            raise ValueError(f"unknown revocation kind {kind!r}: use jti, agent or run")
+        expires = math.inf if until is None else float(until)
+        if math.isnan(expires):
+            raise ValueError("revocation 'until' must be a unix time or None, not NaN")
+        if expires <= now:
+            return False  # already over: nothing to enforce
+        current = entries.get(value)
+        if current is not None and current >= expires:
+            return False
+        entries[value] = expires
+        if expires != math.inf:
+            heapq.heappush(self._expiry, (expires, kind, value))
+        self.prune(now)
+        for listener in tuple(self._listeners):
+            try:
+                listener(kind, value)
+            except Exception:
+                log.exception("revocation listener %r failed for a %s revocation", listener, kind)
+        return True
+
+    def match(self, jti: str, agent: str, run: str | None, *, now: float) -> RevocationKind | None:
+        until = self._entries["jti"].get(jti)
+        if until is not None and until > now:
+            return "jti"
+        until = self._entries["agent"].get(agent)
+        if until is not None and until > now:
+            return "agent"
+        if run is not None:
+            until = self._entries["run"].get(run)
+            if until is not None and until > now:
+                return "run"
+        return None
+
+    def entries(self, *, now: float) -> list[tuple[str, str, float]]:
+        """Every live entry as ``(kind, value, until)``."""
+        return [
+            (kind, value, until)
+            for kind, entries in self._entries.items()
+            for value, until in entries.items()
+            if until > now
+        ]
+
+    def prune(self, now: float) -> int:
+        """Forget entries whose ``until`` has passed; returns how many were dropped."""
+        dropped = 0
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            until, kind, value = heapq.heappop(heap)
+            entries = self._entries[kind]
+            if entries.get(value) == until:  # not extended since this heap entry was pushed
+                del entries[value]
+                dropped += 1
+        return dropped
+
+
+def gcra(
+    tat: int | None, now: int, *, interval: int, burst: int, cost: int
+) -> tuple[Admission, int | None]:
+    """One step of the generic cell rate algorithm, in integer ticks (exact arithmetic).
+
+    ``tat`` is the stored theoretical arrival time (None when fresh). Returns the admission
+    (``retry_after`` still in ticks) and the new ``tat`` to store (None when refused). The
+    Redis backend runs the same arithmetic in Lua; keep the two in step.
+    """
+    base = now if tat is None or tat < now else tat
+    new_tat = base + cost * interval
+    allow_at = new_tat - burst * interval
+    if allow_at > now:
+        available = max(0, (now - (base - burst * interval)) // interval)
+        return Admission(False, allow_at - now, available), None
+    return Admission(True, 0, (now - allow_at) // interval), new_tat
+
+
+def check_cost(cost: int, rate: Rate) -> None:
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise ValueError(f"cost must be a whole number of at least 1, not {cost!r}")
+    if cost > rate.burst:
+        raise ValueError(f"cost {cost} can never be admitted by a rate with burst {rate.burst}")
+
+
+def check_quota_args(items: Sequence[tuple[str, int]], ttl_s: float, cost: int) -> None:
+    if not items:
+        raise ValueError("consume_quotas needs at least one (key, limit) item")
+    for key, limit in items:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"quota key must be a non-empty string, not {key!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"quota limit must be a whole number >= 0, not {limit!r}")
+    if len({key for key, _ in items}) != len(items):
+        raise ValueError("consume_quotas was given the same key twice")
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise ValueError(f"cost must be a whole number of at least 1, not {cost!r}")
+    if not (isinstance(ttl_s, int | float) and math.isfinite(ttl_s) and ttl_s > 0):
+        raise ValueError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
+
+
+def check_revocation(kind: str, value: str, until: float | None) -> None:
+    if kind not in REVOCATION_KINDS:
+        raise ValueError(f"unknown revocation kind {kind!r}: use jti, agent or run")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a {kind} revocation needs a non-empty string value")
+    if until is not None and (
+        isinstance(until, bool) or not isinstance(until, int | float) or math.isnan(until)
+    ):
+        raise ValueError(f"revocation 'until' must be a unix time or None, not {until!r}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any credential replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        parts, password = None, None
+    if parts is not None and password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        return parts._replace(netloc=f"{user}:***@{host}").geturl()
+    if "@" in url:  # not parseable as user:password@host, but may still hold a secret
+        scheme, sep, rest = url.rpartition("://")
+        return (
+            f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+            if sep
+            else "***@" + url.rpartition("@")[2]
+        )
+    return url

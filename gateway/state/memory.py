@@ -1,0 +1,149 @@
+"""The embedded state store: one gateway, no external service, same semantics as Redis.
+
+Everything lives in dicts owned by one event loop (no awaits inside an update, so every
+operation is atomic). Rate limiters and quota counters carry their own expiry and are swept
+periodically; revocations expire at their ``until``. Limiters use the monotonic clock, so
+wall-clock jumps neither grant nor withhold calls. State is lost when the process ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from gateway.errors import StateUnavailable
+from gateway.state.base import (
+    DEFAULT_PREFIX,
+    Admission,
+    RevocationKind,
+    RevocationListener,
+    Revocations,
+    check_cost,
+    check_quota_args,
+    check_revocation,
+    gcra,
+)
+
+if TYPE_CHECKING:
+    from gateway.limits import Rate
+
+__all__ = ["MemoryStore"]
+
+_NS = 1_000_000_000
+
+
+class MemoryStore:
+    """In-process ``StateStore``. ``sweep_interval_s`` bounds how long expired limiter and
+    quota entries may linger before they are dropped."""
+
+    backend = "memory"
+
+    def __init__(self, *, prefix: str = DEFAULT_PREFIX, sweep_interval_s: float = 10.0) -> None:
+        # The prefix has no use in-process; it is accepted so every backend takes the same
+        # options, and kept in keys so tests and dumps read like Redis.
+        self.prefix = prefix
+        self._sweep_ns = max(1, int(sweep_interval_s * _NS))
+        self._revocations = Revocations()
+        self._rates: dict[str, int] = {}  # key -> theoretical arrival time (monotonic ns)
+        self._quotas: dict[str, tuple[int, int]] = {}  # key -> (used, expires at, monotonic ns)
+        self._next_sweep = time.monotonic_ns() + self._sweep_ns
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(prefix={self.prefix!r})"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def close(self) -> None:
+        self._running = False
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "reachable": self._running,
+            "detail": (
+                ("in-process store" if self._running else "in-process store (not running)")
+                + f": {len(self._revocations)} revocations, {len(self._rates)} rate limiters, "
+                f"{len(self._quotas)} quota counters"
+            ),
+        }
+
+    def _check_open(self) -> None:
+        if not self._running:
+            raise StateUnavailable("the in-process state store is not started or was closed")
+
+    # --- revocations --------------------------------------------------------------------
+
+    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+        check_revocation(kind, value, until)
+        self._check_open()
+        self._revocations.apply(kind, value, until, now=time.time())
+
+    def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
+        self._check_open()
+        return self._revocations.match(jti, agent, run, now=time.time())
+
+    def on_revoke(self, callback: RevocationListener) -> None:
+        self._revocations.add_listener(callback)
+
+    # --- rates --------------------------------------------------------------------------
+
+    async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
+        check_cost(cost, rate)
+        self._check_open()
+        now = time.monotonic_ns()
+        self._maybe_sweep(now)
+        full_key = self.prefix + "rate:" + key
+        got, new_tat = gcra(
+            self._rates.get(full_key), now, interval=rate.interval(_NS), burst=rate.burst, cost=cost
+        )
+        if new_tat is not None:
+            self._rates[full_key] = new_tat
+        return Admission(got.allowed, got.retry_after / _NS, got.remaining)
+
+    # --- quotas -------------------------------------------------------------------------
+
+    async def consume_quota(
+        self, key: str, limit: int, *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        got = await self.consume_quotas([(key, limit)], ttl_s=ttl_s, cost=cost)
+        return Admission(got.allowed, got.retry_after, got.remaining)
+
+    async def consume_quotas(
+        self, items: Sequence[tuple[str, int]], *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        check_quota_args(items, ttl_s, cost)
+        self._check_open()
+        now = time.monotonic_ns()
+        self._maybe_sweep(now)
+        ttl_ns = max(1, int(ttl_s * _NS))
+        keyed = [(self.prefix + "quota:" + key, limit) for key, limit in items]
+        counts: list[tuple[int, int]] = []
+        for index, (key, limit) in enumerate(keyed):
+            used, expires = self._quotas.get(key, (0, 0))
+            if expires <= now:
+                used, expires = 0, 0
+            if used + cost > limit:
+                retry = (expires - now) / _NS if expires else ttl_s
+                return Admission(False, retry, max(0, limit - used), limited_by=index)
+            counts.append((used, expires))
+        remaining = None
+        for (key, limit), (used, expires) in zip(keyed, counts, strict=True):
+            self._quotas[key] = (used + cost, max(expires, now + ttl_ns))
+            left = limit - used - cost
+            remaining = left if remaining is None else min(remaining, left)
+        return Admission(True, 0.0, remaining or 0)
+
+    # --- housekeeping -------------------------------------------------------------------
+
+    def _maybe_sweep(self, now: int) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._sweep_ns
+        self._rates = {k: tat for k, tat in self._rates.items() if tat > now}
+        self._quotas = {k: v for k, v in self._quotas.items() if v[1] > now}
+        self._revocations.prune(time.time())

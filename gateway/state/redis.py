@@ -1,0 +1,546 @@
+"""The shared state store on Redis: many gateways, one set of limits and revocations.
+
+Layout (``P`` is the prefix, ``capgate:`` by default)::
+
+    P revoked:jti | P revoked:agent | P revoked:run     sorted sets: member = value,
+                                                         score = until (unix s, +inf = forever)
+    P revocations                                        pub/sub channel, one JSON message
+                                                         {"kind", "value", "until"} per revoke
+    P rate:<key>                                         GCRA theoretical arrival time (us)
+    P quota:<key>                                        quota counter
+
+Revocations. ``revoke`` runs one script that records the entry (``ZADD GT``: the later
+``until`` wins), drops expired entries and publishes the message, so the write and the
+announcement cannot part. Every store keeps a local mirror for ``is_revoked``. A background
+task owns one pub/sub connection: it subscribes, waits for the subscription to be confirmed,
+*then* loads the sorted sets (so nothing published in between is missed), marks the mirror
+trusted, and applies messages as they come. It PINGs on that connection every
+``heartbeat_s``; if the connection fails or no answer comes within ``heartbeat_timeout_s`` the
+mirror is marked untrusted (``is_revoked`` raises ``StateUnavailable``) and the task
+reconnects with jittered exponential backoff, trusting the mirror again only after a full
+resync. A resync also writes back any entry this gateway holds that Redis lacks (a revoke
+whose shared write failed, or a Redis that restarted empty).
+
+Rates and quotas. Each is one Lua script (``EVALSHA``, reloaded automatically after a Redis
+restart), hence atomic across gateways. The limiter reads the clock with ``TIME`` inside the
+script, so gateways with skewed clocks agree.
+
+Failures. Every call is bounded: socket and connect timeouts (0.25 s by default), no
+client-side retries, and an overall ``asyncio.timeout``. Any failure becomes
+``StateUnavailable`` whose detail names the server without its password; the cause is
+chained. The connection pool reconnects on its own once Redis is back. A call that timed out
+may still have run on the server (e.g. after ``CLIENT PAUSE``), so an outage can over-count a
+rate or quota by the calls it refused, never under-count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.errors import StateUnavailable
+from gateway.state.base import (
+    DEFAULT_PREFIX,
+    REVOCATION_KINDS,
+    Admission,
+    RevocationKind,
+    RevocationListener,
+    Revocations,
+    check_cost,
+    check_quota_args,
+    check_revocation,
+    redact_url,
+)
+
+if TYPE_CHECKING:
+    from gateway.limits import Rate
+
+__all__ = ["RedisStore", "redact_url"]
+
+log = logging.getLogger("gateway.state.redis")
+
+T = TypeVar("T")
+_US = 1_000_000
+
+# GCRA limiter. KEYS[1]: limiter key. ARGV: interval (us), burst, cost.
+# Returns {allowed (0/1), retry_after (us), remaining}. Mirrors base.gcra().
+RATE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if tat == nil or tat < now then tat = now end
+local new_tat = tat + cost * interval
+local allow_at = new_tat - burst * interval
+if allow_at > now then
+  local available = math.floor((now - (tat - burst * interval)) / interval)
+  if available < 0 then available = 0 end
+  return {0, allow_at - now, available}
+end
+local ttl_ms = math.ceil((new_tat - now) / 1000)
+redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', string.format('%d', ttl_ms))
+return {1, 0, math.floor((now - allow_at) / interval)}
+"""
+
+# Quota counters, all or nothing. KEYS: counters. ARGV: cost, ttl (ms), then one limit per key.
+# Returns {allowed (0/1), refusing key (1-based, 0 if allowed), its PTTL (ms), remaining}.
+QUOTA_LUA = """
+local cost = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local remaining = -1
+for i, key in ipairs(KEYS) do
+  local used = tonumber(redis.call('GET', key)) or 0
+  local limit = tonumber(ARGV[i + 2])
+  if used + cost > limit then
+    local left = limit - used
+    if left < 0 then left = 0 end
+    return {0, i, redis.call('PTTL', key), left}
+  end
+  local left = limit - used - cost
+  if remaining < 0 or left < remaining then remaining = left end
+end
+for _, key in ipairs(KEYS) do
+  redis.call('INCRBY', key, cost)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ARGV[2]) end
+end
+return {1, 0, 0, remaining}
+"""
+
+# Record and announce a revocation. KEYS[1]: the kind's sorted set.
+# ARGV: value, until (score; '+inf' = forever), channel, message.
+REVOKE_LUA = """
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1])
+redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+
+def _describe_target(url: str) -> str:
+    """``scheme://host:port/db``: what messages call the server (never any credential)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "localhost"
+        port = parts.port or 6379
+    except ValueError:
+        return "redis (unparseable URL)"
+    db = parts.path.strip("/") or "0"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{port}/{db}"
+
+
+def _failure(exc: BaseException) -> str:
+    """A short description of a client failure that copies nothing from the server."""
+    if isinstance(exc, TimeoutError | RedisTimeoutError):
+        return "timed out"
+    if isinstance(exc, AuthenticationError):
+        return "authentication failed"
+    if isinstance(exc, BusyLoadingError):
+        return "server is still loading its data"
+    if isinstance(exc, RedisConnectionError):
+        return "connection failed"
+    if isinstance(exc, ResponseError):
+        return f"server replied with an error ({type(exc).__name__})"
+    return type(exc).__name__
+
+
+def _score(until: float | None) -> str:
+    return "+inf" if until is None or until == math.inf else repr(float(until))
+
+
+class _BadMessage(Exception):
+    """A revocation message we cannot read: the mirror must be rebuilt from the sets."""
+
+
+class RedisStore:
+    """``StateStore`` on Redis (``redis://`` or ``rediss://`` URL).
+
+    Options: ``prefix`` namespaces keys and the channel. ``socket_timeout`` and
+    ``connect_timeout`` bound each socket read and connect; ``op_timeout`` bounds a whole
+    call (default: their sum). ``max_connections`` caps the pool (callers beyond it wait,
+    within ``op_timeout``). ``start_timeout_s`` is how long ``start`` waits for the first
+    sync; ``sync_timeout_s`` bounds one subscribe + snapshot load. ``heartbeat_s`` and
+    ``heartbeat_timeout_s`` detect a silent pub/sub connection; ``reconnect_min_s`` and
+    ``reconnect_max_s`` bound the reconnect backoff.
+    """
+
+    backend = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        socket_timeout: float = 0.25,
+        connect_timeout: float = 0.25,
+        op_timeout: float | None = None,
+        max_connections: int = 32,
+        start_timeout_s: float = 5.0,
+        sync_timeout_s: float = 5.0,
+        heartbeat_s: float = 1.0,
+        heartbeat_timeout_s: float = 3.0,
+        reconnect_min_s: float = 0.1,
+        reconnect_max_s: float = 3.0,
+        client_name: str | None = "capgate",
+    ) -> None:
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("redis", "rediss"):
+            raise ValueError(f"not a redis URL: {redact_url(url)!r} (use redis:// or rediss://)")
+        for name, value in (
+            ("socket_timeout", socket_timeout),
+            ("connect_timeout", connect_timeout),
+            ("start_timeout_s", start_timeout_s),
+            ("sync_timeout_s", sync_timeout_s),
+            ("heartbeat_s", heartbeat_s),
+            ("heartbeat_timeout_s", heartbeat_timeout_s),
+            ("reconnect_min_s", reconnect_min_s),
+            ("reconnect_max_s", reconnect_max_s),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        self.prefix = prefix
+        self.target = _describe_target(url)
+        self._op_timeout = (
+            op_timeout if op_timeout is not None else socket_timeout + connect_timeout
+        )
+        self._start_timeout = start_timeout_s
+        self._sync_timeout = sync_timeout_s
+        self._heartbeat = heartbeat_s
+        self._heartbeat_timeout = max(heartbeat_timeout_s, heartbeat_s)
+        self._reconnect_min = reconnect_min_s
+        self._reconnect_max = max(reconnect_max_s, reconnect_min_s)
+        try:
+            pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=self._op_timeout,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # no hidden retries: we answer within our timeout
+                decode_responses=True,
+                client_name=client_name,
+            )
+        except ValueError as exc:
+            # redis-py's messages name the bad part, never the password; the URL is redacted.
+            raise ValueError(f"invalid redis URL {redact_url(url)!r}: {exc}") from None
+        self._client: Redis = Redis.from_pool(pool)
+        self._rate_script = self._client.register_script(RATE_LUA)
+        self._quota_script = self._client.register_script(QUOTA_LUA)
+        self._revoke_script = self._client.register_script(REVOKE_LUA)
+        self._channel = prefix + "revocations"
+        self._revocations = Revocations()
+        self._synced = False
+        self._stale_reason = "not started"
+        self._stale_since = time.monotonic()
+        self._first_sync: asyncio.Event | None = None
+        self._start_error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.target!r}, prefix={self.prefix!r})"
+
+    # --- keys ---------------------------------------------------------------------------
+
+    def _revoked_key(self, kind: str) -> str:
+        return f"{self.prefix}revoked:{kind}"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the subscriber and wait for the first full sync of the revocation mirror."""
+        if self._closed:
+            raise RuntimeError("a closed RedisStore cannot be started again; open a new one")
+        if self._task is not None:
+            return
+        self._running = True
+        self._first_sync = asyncio.Event()
+        self._task = asyncio.create_task(self._subscriber(), name="capgate-state-subscriber")
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                await self._first_sync.wait()
+        except TimeoutError as exc:
+            cause: BaseException = exc
+        else:
+            if self._start_error is None:
+                return
+            cause = self._start_error  # a failure that waiting will not cure
+        reason = self._stale_reason
+        await self.close()
+        raise StateUnavailable(
+            f"could not load revocations from redis at {self.target} ({reason})"
+        ) from cause
+
+    async def close(self) -> None:
+        self._running = False
+        self._closed = True
+        self._mark_stale("store closed")
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._client.aclose()
+
+    async def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "backend": self.backend,
+            "reachable": False,
+            "mirror_synced": self._synced,
+            "revocations": len(self._revocations),
+        }
+        if self._synced:
+            mirror = f"revocation mirror in sync ({len(self._revocations)} entries)"
+        else:
+            age = time.monotonic() - self._stale_since
+            mirror = f"revocation mirror NOT in sync for {age:.1f} s ({self._stale_reason})"
+        try:
+            started = time.perf_counter()
+            await self._call("PING", self._client.ping)
+        except StateUnavailable as exc:
+            result["detail"] = f"{exc.detail}; {mirror}"
+            return result
+        latency_ms = (time.perf_counter() - started) * 1000
+        result["reachable"] = True
+        result["detail"] = f"redis at {self.target} answered PING in {latency_ms:.1f} ms; {mirror}"
+        return result
+
+    # --- revocations --------------------------------------------------------------------
+
+    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+        check_revocation(kind, value, until)
+        self._check_running()
+        # Local first: this gateway enforces the revocation even if the shared write fails
+        # (a later resync writes it back to Redis).
+        self._revocations.apply(kind, value, until, now=time.time())
+        message = json.dumps({"kind": kind, "value": value, "until": until})
+        keys = [self._revoked_key(kind)]
+        args = [value, _score(until), self._channel, message]
+        await self._call("revoke", lambda: self._revoke_script(keys=keys, args=args))
+
+    def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
+        if not self._synced:
+            raise StateUnavailable(
+                f"the revocation list is not in sync with redis at {self.target} "
+                f"({self._stale_reason}); refusing calls until it is"
+            )
+        return self._revocations.match(jti, agent, run, now=time.time())
+
+    def on_revoke(self, callback: RevocationListener) -> None:
+        self._revocations.add_listener(callback)
+
+    # --- rates --------------------------------------------------------------------------
+
+    async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
+        check_cost(cost, rate)
+        keys = [f"{self.prefix}rate:{key}"]
+        args = [rate.interval(_US), rate.burst, cost]
+        reply = await self._call("take", lambda: self._rate_script(keys=keys, args=args))
+        allowed, retry_us, remaining = (int(x) for x in reply)
+        return Admission(bool(allowed), retry_us / _US, remaining)
+
+    # --- quotas -------------------------------------------------------------------------
+
+    async def consume_quota(
+        self, key: str, limit: int, *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        got = await self.consume_quotas([(key, limit)], ttl_s=ttl_s, cost=cost)
+        return Admission(got.allowed, got.retry_after, got.remaining)
+
+    async def consume_quotas(
+        self, items: Sequence[tuple[str, int]], *, ttl_s: float, cost: int = 1
+    ) -> Admission:
+        check_quota_args(items, ttl_s, cost)
+        keys = [f"{self.prefix}quota:{key}" for key, _ in items]
+        args = [cost, max(1, math.ceil(ttl_s * 1000)), *(limit for _, limit in items)]
+        reply = await self._call("consume_quota", lambda: self._quota_script(keys=keys, args=args))
+        allowed, index, pttl_ms, remaining = (int(x) for x in reply)
+        if allowed:
+            return Admission(True, 0.0, remaining)
+        retry = pttl_ms / 1000 if pttl_ms > 0 else float(ttl_s)
+        return Admission(False, retry, remaining, limited_by=index - 1)
+
+    # --- calls --------------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise StateUnavailable(
+                f"the state store for redis at {self.target} is not started or was closed"
+            )
+
+    async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis operation within ``op_timeout``; every failure is StateUnavailable."""
+        self._check_running()
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                return await make()
+        except (TimeoutError, RedisTimeoutError) as exc:
+            raise StateUnavailable(
+                f"redis at {self.target} did not answer {op} within {self._op_timeout:g} s"
+            ) from exc
+        except (RedisError, OSError) as exc:
+            raise StateUnavailable(f"redis at {self.target} failed {op}: {_failure(exc)}") from exc
+
+    # --- the subscriber -----------------------------------------------------------------
+
+    def _mark_stale(self, reason: str) -> None:
+        if self._synced or reason != self._stale_reason:
+            self._stale_since = time.monotonic()
+        self._synced = False
+        self._stale_reason = reason
+
+    async def _subscriber(self) -> None:
+        """Keep the mirror in sync for as long as the store runs: sync, listen, and on any
+        failure mark it stale and reconnect with jittered exponential backoff."""
+        delay = self._reconnect_min
+        failures = 0
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await self._sync(pubsub)
+                if failures:
+                    log.info("revocation mirror resynced with redis at %s", self.target)
+                delay, failures = self._reconnect_min, 0
+                await self._listen(pubsub)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = (
+                    "a revocation message could not be read"
+                    if isinstance(exc, _BadMessage)
+                    else f"pub/sub {_failure(exc)}"
+                )
+                was_synced = self._synced
+                self._mark_stale(reason)
+                first = self._first_sync
+                fatal = isinstance(exc, AuthenticationError | ResponseError)
+                if fatal and first is not None and not first.is_set():
+                    # Misconfigured (password, ACL): waiting will not help, so start() fails now.
+                    self._start_error = exc
+                    first.set()
+                failures += 1
+                level = logging.WARNING if was_synced or failures == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "revocation mirror not in sync with redis at %s (%s); failing closed, "
+                    "retrying in %.2f s",
+                    self.target,
+                    reason,
+                    delay,
+                )
+            finally:
+                await self._close_pubsub(pubsub)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 (jitter)
+            delay = min(delay * 2, self._reconnect_max)
+
+    async def _close_pubsub(self, pubsub: PubSub) -> None:
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await pubsub.aclose()
+        except Exception:
+            log.debug("closing the pub/sub connection failed", exc_info=True)
+
+    async def _sync(self, pubsub: PubSub) -> None:
+        """Subscribe, wait until the subscription is live, then load the full snapshot."""
+        async with asyncio.timeout(self._sync_timeout):
+            await pubsub.subscribe(self._channel)
+            while True:  # the confirmation proves the server now routes messages to us
+                message = await pubsub.get_message(timeout=self._sync_timeout)
+                if message is not None and message["type"] == "subscribe":
+                    break
+                if message is not None and message["type"] == "message":
+                    self._on_message(message["data"])
+            async with self._client.pipeline(transaction=False) as pipe:
+                for kind in REVOCATION_KINDS:
+                    pipe.zrange(self._revoked_key(kind), 0, -1, withscores=True)
+                snapshot: list[list[tuple[str, float]]] = await pipe.execute()
+        now = time.time()
+        in_redis: dict[tuple[str, str], float] = {}
+        for kind, entries in zip(REVOCATION_KINDS, snapshot, strict=True):
+            for value, until in entries:
+                in_redis[(kind, value)] = until
+                self._revocations.apply(kind, value, until, now=now)
+        self._synced = True
+        self._stale_reason = "in sync"
+        if self._first_sync is not None:
+            self._first_sync.set()
+        await self._write_back(in_redis)
+
+    async def _write_back(self, in_redis: dict[tuple[str, str], float]) -> None:
+        """Give Redis the live entries it lacks (a revoke whose shared write failed, or a
+        Redis that came back empty), announcing each so other gateways learn them too."""
+        missing = [
+            (kind, value, until)
+            for kind, value, until in self._revocations.entries(now=time.time())
+            if in_redis.get((kind, value), -math.inf) < until
+        ]
+        if not missing:
+            return
+        async with asyncio.timeout(self._sync_timeout):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for kind, value, until in missing:
+                    limit = None if until == math.inf else until
+                    pipe.zadd(self._revoked_key(kind), {value: until}, gt=True)
+                    message = json.dumps({"kind": kind, "value": value, "until": limit})
+                    pipe.publish(self._channel, message)
+                await pipe.execute()
+        log.warning(
+            "wrote %d revocation(s) known here but missing from redis at %s back to it",
+            len(missing),
+            self.target,
+        )
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        """Apply messages until the connection fails or stops answering the heartbeat."""
+        loop = asyncio.get_running_loop()
+        last_heard = loop.time()
+        next_ping = last_heard + self._heartbeat
+        while True:
+            message = await pubsub.get_message(timeout=max(0.0, next_ping - loop.time()))
+            now = loop.time()
+            if message is not None:
+                last_heard = now
+                if message["type"] == "message":
+                    self._on_message(message["data"])
+            if now >= next_ping:
+                if now - last_heard > self._heartbeat_timeout:
+                    raise RedisTimeoutError("no answer to the pub/sub heartbeat")
+                async with asyncio.timeout(self._op_timeout):
+                    await pubsub.ping()
+                next_ping = now + self._heartbeat
+                self._revocations.prune(time.time())
+
+    def _on_message(self, data: Any) -> None:
+        try:
+            body = json.loads(data)
+            kind, value, until = body["kind"], body["value"], body["until"]
+            check_revocation(kind, value, until)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _BadMessage("unreadable revocation message") from exc
+        self._revocations.apply(kind, value, until, now=time.time())

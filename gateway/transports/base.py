@@ -1,0 +1,50 @@
+"""The one seam between the pipeline and the outside: ``Transport.send``.
+
+Live forwarding, recording and replay are transports chosen once at start (``app.py``); no
+stage branches on the mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from multidict import CIMultiDict
+
+from gateway.policy.model import Upstream
+
+Body = bytes | AsyncIterator[bytes] | None
+
+
+@dataclass(slots=True)
+class UpstreamRequest:
+    """What is sent: the checked method, target (path + query) and body, exactly."""
+
+    upstream: Upstream
+    method: str
+    target: str  # raw path and query, relative to the upstream's base path; starts with "/"
+    headers: CIMultiDict[str]
+    body: Body
+    agent: str = ""
+    run: str | None = None
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    reason: str
+    headers: CIMultiDict[str]
+
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body, chunk by chunk, as it arrives."""
+
+    async def close(self) -> None:
+        """Release the connection (abort it if the body was not read to its end)."""
+
+
+class Transport(Protocol):
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        """Send the request; raise ``UpstreamError`` (or ``ReplayMiss``) when no answer."""
+
+    async def close(self) -> None:
+        """Release pooled connections and files."""

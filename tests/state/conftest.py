@@ -1,0 +1,94 @@
+"""Fixtures for the state tests: every behaviour runs on both backends.
+
+``backend`` is parametrized over ``memory`` and ``redis``; ``store`` is one started store and
+``store_pair`` two stores that share state (two Redis clients of one throwaway server, or the
+one in-process store twice: the memory backend shares state only within a process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.state import StateStore, open_store
+from tests.redis_server import RedisServer, redis_server_available
+
+needs_redis = pytest.mark.skipif(
+    not redis_server_available(), reason="needs a redis-server binary"
+)
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("redis", id="redis", marks=[pytest.mark.redis, needs_redis]),
+]
+
+# Quicker reconnects and heartbeats than production defaults, so fault tests stay short.
+FAST: dict[str, Any] = {
+    "reconnect_min_s": 0.02,
+    "reconnect_max_s": 0.2,
+    "heartbeat_s": 0.2,
+    "heartbeat_timeout_s": 0.6,
+    "start_timeout_s": 3.0,
+}
+
+StoreFactory = Callable[..., Awaitable[StateStore]]
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh, empty redis-server on a free port, killed after the test."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+async def make_store() -> AsyncIterator[StoreFactory]:
+    """``await make_store(url, **opts)``: a started store, closed after the test."""
+    opened: list[StateStore] = []
+
+    async def make(url: str, **opts: Any) -> StateStore:
+        if url.startswith("redis"):
+            opts = {**FAST, **opts}
+        store = open_store(url, **opts)
+        await store.start()
+        opened.append(store)
+        return store
+
+    yield make
+    for store in reversed(opened):
+        await store.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend: str, request: pytest.FixtureRequest) -> str:
+    if backend == "memory":
+        return "memory"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+@pytest.fixture
+async def store(store_url: str, make_store: StoreFactory) -> StateStore:
+    return await make_store(store_url)
+
+
+@pytest.fixture
+async def store_pair(
+    backend: str, store_url: str, make_store: StoreFactory
+) -> tuple[StateStore, StateStore]:
+    first = await make_store(store_url)
+    if backend == "memory":
+        return first, first
+    return first, await make_store(store_url)

@@ -166,15 +166,23 @@ async def _watch(gw: Gateway) -> None:
 
 
 def create_app(gw: Gateway) -> web.Application:
-    app = web.Application(client_max_size=1024**3)  # bodies are limited per upstream
+    """The gateway's own routes (health); every other request goes through the pipeline.
+
+    The pipeline is entered from a middleware rather than a catch-all route so that targets
+    no route can match (``OPTIONS *``, absolute form) still reach the target check and get
+    problem+json, and aiohttp's router never interprets an agent's path.
+    """
+
+    @web.middleware
+    async def gateway_calls(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.match_info.http_exception is not None:
+            return await run(request, gw)
+        return await handler(request)
+
+    app = web.Application(client_max_size=1024**3, middlewares=[gateway_calls])
     app[GATEWAY] = gw
     app.cleanup_ctx.append(_resources)
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await run(request, gw)
-
     app.router.add_get(HEALTH_PATH, _health)
-    app.router.add_route("*", "/{tail:.*}", handler)
     return app
 
 

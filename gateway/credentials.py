@@ -30,7 +30,7 @@ import jwt
 
 from gateway.errors import ConfigError, InternalError
 from gateway.policy.model import Credentials, Policy
-from gateway.tokens import PrivateKey, algorithm_of, key_id
+from gateway.tokens import AGENT_ID, PrivateKey, algorithm_of, key_id
 
 ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
 FILE_RECHECK_SECONDS = 5.0
@@ -142,11 +142,16 @@ class CredentialStore:
                 raise CredentialUnavailable(f"no credential is configured for upstream {upstream!r} and this agent")
             return Secret(value)
         template = ref[5:]
+        if "{agent}" in template and not AGENT_ID.fullmatch(agent):
+            # A verified agent id cannot contain "/" or "\\" nor start with ".", but check:
+            # substituted, it must stay one path component and never be a dot segment.
+            raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
         path = self._path(template.replace("{agent}", agent))
         if "{agent}" in template:
-            # The agent id cannot contain "/", but check the result stays where it should.
-            expected_parent = self._path(template).parent
-            if path.parent != expected_parent or path.name in (".", ".."):
+            # The substituted path has the template's shape: nothing added, nothing escaped.
+            if len(path.parts) != len(self._path(template).parts) or any(
+                part in (".", "..") for part in path.parts
+            ):
                 raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
         return self._read_file(path, upstream)
 

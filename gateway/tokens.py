@@ -25,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -110,9 +111,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _not_json_constant(name: str) -> Any:
+    # json.loads accepts NaN, Infinity and -Infinity, which are not JSON (RFC 8259).
+    raise TokenInvalid(f"token JSON contains {name}, which is not JSON")
+
+
 def _json_object(data: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        value = json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_not_json_constant,
+        )
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise TokenInvalid(f"token {what} is not valid JSON") from None
     if not isinstance(value, dict):
@@ -165,7 +175,6 @@ def generate_keys(directory: str | Path, algorithm: str = "EdDSA") -> tuple[Path
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"algorithm has value {algorithm!r}; expected one of {list(ALGORITHMS)}")
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     private: PrivateKey = (
         ed25519.Ed25519PrivateKey.generate()
         if algorithm == "EdDSA"
@@ -176,16 +185,21 @@ def generate_keys(directory: str | Path, algorithm: str = "EdDSA") -> tuple[Path
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    key_path = d / "signing-key.pem"
-    if key_path.exists():
-        key_path.unlink()
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
     public = private.public_key()
     jwks = {"keys": [public_jwk(public, key_id(public))]}
+    key_path = d / "signing-key.pem"
     jwks_path = d / "jwks.json"
-    jwks_path.write_text(json.dumps(jwks, indent=2) + "\n")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if key_path.exists():
+            key_path.unlink()
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        jwks_path.write_text(json.dumps(jwks, indent=2) + "\n")
+    except OSError as exc:
+        # One readable line for the CLI, not a traceback (e.g. --dir names a file).
+        raise ConfigError(f"cannot write keys to {str(d)!r}: {exc.strerror}") from exc
     return key_path, jwks_path
 
 
@@ -316,7 +330,13 @@ def _expect_time(claims: dict[str, Any], name: str) -> float:
     value = claims.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TokenInvalid(f"claim {name!r} must be a NumericDate (a number)", errors=[{"claim": name}])
-    return float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer too large for a float: checked before the signature
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise TokenInvalid(f"claim {name!r} must be a finite NumericDate", errors=[{"claim": name}])
+    return seconds
 
 
 def _expect_str_list(claims: dict[str, Any], name: str, *, allow_empty: bool) -> tuple[str, ...]:

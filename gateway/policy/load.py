@@ -105,13 +105,21 @@ def load_policy(path: str | Path, text: str | None = None) -> Policy:
             up = _upstream(key, node)
             if up is not None:
                 upstreams[up.name] = up
-        if not doc["upstreams"].value:
+        if isinstance(doc["upstreams"].value, dict) and not doc["upstreams"].value:
             doc["upstreams"].fail("upstreams: at least one upstream is required")
     roles: dict[str, Role] = {}
     rule_ids: dict[str, Node] = {}
+    # Names written under `upstreams`, valid or not: a rule naming an upstream that has its
+    # own errors is not reported again as naming an unknown upstream.
+    written = doc["upstreams"].value if "upstreams" in doc else None
+    declared = (
+        frozenset(k for k in written if isinstance(k, str))
+        if isinstance(written, dict)
+        else frozenset()
+    )
     if "roles" in doc:
         for key, node in doc["roles"].entries():
-            role = _role(key, node, upstreams, rule_ids)
+            role = _role(key, node, upstreams, rule_ids, declared)
             if role is not None:
                 roles[role.name] = role
     if root.issues:
@@ -224,7 +232,13 @@ def _credentials(upstream: str, node: Node) -> Credentials | None:
     )
 
 
-def _role(key: Node, node: Node, upstreams: dict[str, Upstream], ids: dict[str, Node]) -> Role | None:
+def _role(
+    key: Node,
+    node: Node,
+    upstreams: dict[str, Upstream],
+    ids: dict[str, Node],
+    declared: frozenset[str] = frozenset(),
+) -> Role | None:
     name = key.value
     if not NAME.fullmatch(name):
         key.fail(f"role name {name!r} must be letters, digits, '.', '-' or '_'")
@@ -237,7 +251,7 @@ def _role(key: Node, node: Node, upstreams: dict[str, Upstream], ids: dict[str, 
     if "rules" in m:
         items = m["rules"].as_list()
         for item in items or ():
-            rule = _rule(name, item, upstreams, ids)
+            rule = _rule(name, item, upstreams, ids, declared)
             if rule is not None:
                 rules.append(rule)
     return Role(name=name, rules=tuple(rules), rate=rate, run_quota=run_quota)
@@ -256,7 +270,13 @@ def _rate(node: Node) -> Any:
         return None
 
 
-def _rule(role: str, node: Node, upstreams: dict[str, Upstream], ids: dict[str, Node]) -> Rule | None:
+def _rule(
+    role: str,
+    node: Node,
+    upstreams: dict[str, Upstream],
+    ids: dict[str, Node],
+    declared: frozenset[str] = frozenset(),
+) -> Rule | None:
     m = node.as_map(
         required=("id", "upstream", "allow"),
         optional=RULE_KEYS + tuple(PAYLOAD_COMPILERS),
@@ -272,9 +292,11 @@ def _rule(role: str, node: Node, upstreams: dict[str, Upstream], ids: dict[str, 
             ids[rule_id] = m["id"]
     upstream = m["upstream"].as_str() if "upstream" in m else None
     if upstream is not None and upstream not in upstreams:
-        m["upstream"].fail(
-            f"unknown upstream {upstream!r}; defined upstreams: {sorted(upstreams)}"
-        )
+        if upstream not in declared:
+            m["upstream"].fail(
+                f"unknown upstream {upstream!r}; defined upstreams: "
+                f"{sorted(declared | set(upstreams))}"
+            )
         upstream = None
     params: dict[str, Constraint] = {}
     if "params" in m:

@@ -262,9 +262,12 @@ def _query_violation(rule: Rule, pairs: tuple[tuple[str, str], ...]) -> str | No
 
 def _header_violation(rule: Rule, headers: Mapping[str, str]) -> str | None:
     for name, constraint in rule.headers.items():
-        values = headers.getall(name, []) if hasattr(headers, "getall") else []
-        if not hasattr(headers, "getall") and name in headers:
-            values = [headers[name]]
+        if hasattr(headers, "getall"):
+            values = headers.getall(name, [])
+        else:
+            # A plain mapping: header names are case-insensitive, so a value under "X-Env"
+            # must meet the constraint on "x-env" rather than be skipped.
+            values = [v for k, v in headers.items() if k.lower() == name]
         if not values:
             if constraint.required:
                 return f"header {name!r} is required"

@@ -127,7 +127,7 @@ class Node:
         self.issues.append(Issue(self.path, self.line, self.col, message))
 
     def _expect(self, what: str) -> None:
-        self.fail(f"{self.where}: expected {what}, got {_type_name(self.value)}")
+        self.fail(f"{self.where or 'the document'}: expected {what}, got {_type_name(self.value)}")
 
     # -- children ---------------------------------------------------------------------------
 

@@ -16,9 +16,7 @@ import pytest
 from gateway.state import StateStore, open_store
 from tests.redis_server import RedisServer, redis_server_available
 
-needs_redis = pytest.mark.skipif(
-    not redis_server_available(), reason="needs a redis-server binary"
-)
+needs_redis = pytest.mark.skipif(not redis_server_available(), reason="needs a redis-server binary")
 
 BACKENDS = [
     pytest.param("memory", id="memory"),

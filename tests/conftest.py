@@ -1,0 +1,151 @@
+"""Shared fixtures: a workspace (keys, secrets, policies), the mocks as a real subprocess on
+free ports, and the gateway in-process on aiohttp's test server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from gateway.app import Gateway, build_gateway, create_app
+from gateway.config import Settings, load_settings
+from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_POLICY = ROOT / "tests" / "policies" / "gateway.yaml"
+
+def _write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+
+
+class Mocks:
+    """The mock upstreams, running in a child process (``python -m mocks.serve``)."""
+
+    def __init__(self, proc: subprocess.Popen[str], urls: dict[str, str]) -> None:
+        self.proc = proc
+        self.urls = urls
+
+    def _base(self, name: str) -> str:
+        return self.urls[name].removesuffix("/mcp")
+
+    def requests(self, name: str) -> list[dict[str, Any]]:
+        """What the mock received since the last ``clear``."""
+        with urllib.request.urlopen(self._base(name) + "/_mock/requests", timeout=5) as resp:  # noqa: S310
+            return json.loads(resp.read())
+
+    def stats(self, name: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self._base(name) + "/_mock/stats", timeout=5) as resp:  # noqa: S310
+            return json.loads(resp.read())
+
+    def clear(self) -> None:
+        for name in self.urls:
+            req = urllib.request.Request(self._base(name) + "/_mock/requests", method="DELETE")
+            urllib.request.urlopen(req, timeout=5).read()  # noqa: S310 (loopback mock)
+
+
+@pytest.fixture(scope="session")
+def base_workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return prepare_workspace(tmp_path_factory.mktemp("ws"))
+
+
+@pytest.fixture(scope="session")
+def mocks(base_workspace: Workspace) -> Iterator[Mocks]:
+    ws = base_workspace
+    tokens_file = ws.root / "db-tokens.txt"
+    tokens_file.write_text("\n".join(ws.db_tokens.values()) + "\n")
+    metrics_file = ws.root / "metrics-token.txt"
+    metrics_file.write_text(ws.metrics_token)
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "mocks.serve",
+            "--metrics-token-file", str(metrics_file),
+            "--services-jwks", str(ws.upstream_jwks),
+            "--db-tokens-file", str(tokens_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("{"):
+            break
+        if proc.poll() is not None:
+            break
+    ready = json.loads(line)
+    assert ready["ready"] is True
+    yield Mocks(proc, ready["urls"])
+    proc.terminate()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def workspace(base_workspace: Workspace, mocks: Mocks) -> Workspace:
+    ws = prepare_workspace(base_workspace.root, mocks.urls)  # the example policy, on mock ports
+    for agent in ("tester", "sre-bot", "other-bot"):
+        _write_secret(ws.secrets_dir / f"echo-{agent}.key", f"echo-key-for-{agent}-0123456789")
+    return ws
+
+
+@pytest.fixture
+def policy_file(workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
+    return path
+
+
+@pytest.fixture
+def settings(workspace: Workspace, policy_file: Path, tmp_path: Path) -> Settings:
+    flags = {
+        "policy": str(policy_file),
+        "jwks": str(workspace.jwks),
+        "upstream_key": str(workspace.upstream_key),
+        "secrets_dir": str(workspace.secrets_dir),
+        "audit": str(tmp_path / "audit.jsonl"),
+        "reload_interval": "0.2s",
+    }
+    return load_settings(flags, {})
+
+
+@pytest.fixture
+def gateway(settings: Settings, workspace: Workspace, mocks: Mocks) -> Gateway:
+    mocks.clear()
+    return build_gateway(settings, workspace.environ())
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any, gateway: Gateway) -> AsyncIterator[TestClient[Any, Any]]:
+    yield await aiohttp_client(create_app(gateway))
+
+
+@pytest.fixture
+def token(workspace: Workspace) -> Any:
+    def make(agent: str = "tester", roles: list[str] | None = None, **kw: Any) -> str:
+        return workspace.token(agent, roles or ["tester"], **kw)
+
+    return make
+
+
+def audit_lines(settings: Settings, gateway: Gateway) -> list[dict[str, Any]]:
+    gateway.audit.flush()
+    assert settings.audit is not None
+    return [json.loads(line) for line in settings.audit.read_text().splitlines()]

@@ -57,11 +57,13 @@ class Settings:
 
 
 def _port(value: Any) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected an integer 0-65535") from None
-    if isinstance(value, bool) or not 0 <= port <= 65535:
+    # Only plain digits: int() would also take 80.9 (as 80), "8_080", "+80" or " 80 ".
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit())
+    ):
+        raise ValueError("expected an integer 0-65535")
+    port = int(value)
+    if not 0 <= port <= 65535:
         raise ValueError("expected an integer 0-65535")
     return port
 

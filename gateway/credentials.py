@@ -142,17 +142,15 @@ class CredentialStore:
                 raise CredentialUnavailable(f"no credential is configured for upstream {upstream!r} and this agent")
             return Secret(value)
         template = ref[5:]
-        if "{agent}" in template and not AGENT_ID.fullmatch(agent):
-            # A verified agent id cannot contain "/" or "\\" nor start with ".", but check:
-            # substituted, it must stay one path component and never be a dot segment.
-            raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
         path = self._path(template.replace("{agent}", agent))
-        if "{agent}" in template:
-            # The substituted path has the template's shape: nothing added, nothing escaped.
-            if len(path.parts) != len(self._path(template).parts) or any(
-                part in (".", "..") for part in path.parts
-            ):
-                raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
+        if "{agent}" in template and (
+            # A verified agent id has no "/" and starts with a letter or digit, so it can be
+            # neither a dot segment nor add a component (per-agent files and directories
+            # both work); check anyway, the path must keep the template's shape.
+            not AGENT_ID.fullmatch(agent)
+            or len(path.parts) != len(self._path(template).parts)
+        ):
+            raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
         return self._read_file(path, upstream)
 
     def _read_file(self, path: Path, upstream: str) -> Secret:

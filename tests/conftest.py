@@ -101,7 +101,7 @@ def mocks(base_workspace: Workspace) -> Iterator[Mocks]:
 @pytest.fixture(scope="session")
 def workspace(base_workspace: Workspace, mocks: Mocks) -> Workspace:
     ws = prepare_workspace(base_workspace.root, mocks.urls)  # the example policy, on mock ports
-    for agent in ("tester", "sre-bot", "other-bot"):
+    for agent in ("tester", "sre-bot", "other-bot", "fuzzer"):
         _write_secret(ws.secrets_dir / f"echo-{agent}.key", f"echo-key-for-{agent}-0123456789")
     return ws
 

@@ -1,0 +1,157 @@
+"""``capgate serve`` as a real subprocess against the mocks: start, calls, SIGTERM, exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mocks.demo import Workspace, rewrite_policy_urls
+from tests.conftest import ROOT, TEST_POLICY, Mocks
+
+pytestmark = pytest.mark.e2e
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], ready: dict[str, Any], audit: Path) -> None:
+        self.proc = proc
+        self.ready = ready
+        self.url = ready["url"]
+        self.audit = audit
+
+    def call(self, path: str, token: str | None = None, method: str = "GET",
+             body: bytes | None = None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+        req = urllib.request.Request(self.url + path, method=method, data=body)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback)
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+def start_capgate(args: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("capgate "):
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+        raise AssertionError(f"capgate did not start: {line!r} {err}")
+    ready = json.loads(line.split(" listening ", 1)[1])
+    return proc, ready
+
+
+@pytest.fixture
+def served(workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Iterator[Served]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
+    audit = tmp_path / "audit.jsonl"
+    args = [
+        "--policy", str(policy), "--jwks", str(workspace.jwks),
+        "--upstream-key", str(workspace.upstream_key), "--secrets-dir", str(workspace.secrets_dir),
+        "--port", "0", "--audit", str(audit), "--shutdown-grace", "5s",
+    ]
+    proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+    served = Served(proc, ready, audit)
+    yield served
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=10)
+
+
+def test_ready_line_and_health(served: Served) -> None:
+    assert served.ready["ready"] is True
+    assert served.ready["url"].startswith("http://127.0.0.1:")
+    assert served.ready["state"] == "memory"
+    with urllib.request.urlopen(served.ready["health"], timeout=5) as resp:  # noqa: S310
+        health = json.loads(resp.read())
+    assert health["status"] == "ok"
+
+
+def test_allowed_and_denied_then_sigterm_flushes_audit(served: Served, workspace: Workspace) -> None:
+    sre = workspace.token("sre-bot", ["sre-diagnostics"])
+    status, body = served.call("/metrics/metrics/cpu?window=1m", sre)
+    assert status == 200 and body["window"] == "1m"
+    status, body = served.call("/services/services/web", sre, method="DELETE")
+    assert status == 403 and body["reason"] == "no_rule"
+    status, body = served.call("/services/services/restart", sre, method="POST", body=b'{"service":"web"}')
+    assert status == 200 and body == {"restarted": "web", "by": "sre-bot"}
+
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.proc.wait(timeout=15) == 0
+    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    assert [(x["decision"], x["status"]) for x in lines] == [("allow", 200), ("deny", 403), ("allow", 200)]
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", "verify", str(served.audit)],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "3 lines" in check.stdout
+
+
+def test_sigterm_lets_calls_in_flight_finish(served: Served, workspace: Workspace) -> None:
+    tok = workspace.token("tester", ["tester"])
+    result: dict[str, Any] = {}
+
+    def slow_call() -> None:
+        result["value"] = served.call("/echo/echo/slow?delay=0.8", tok)
+
+    t = threading.Thread(target=slow_call)
+    t.start()
+    time.sleep(0.3)  # the call is in flight
+    served.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=10)
+    assert result["value"][0] == 200
+    assert served.proc.wait(timeout=15) == 0
+    # New connections are refused once it stopped.
+    with pytest.raises(urllib.error.URLError):
+        served.call("/echo/echo/x", tok, timeout=2)
+    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    assert lines[-1]["path"] == "/echo/echo/slow" and lines[-1]["status"] == 200
+
+
+def test_bad_policy_at_start_is_one_readable_error(workspace: Workspace, tmp_path: Path) -> None:
+    policy = tmp_path / "bad.yaml"
+    policy.write_text("version: 1\nupstreams: {}\nroles:\n  r:\n    rules: [{id: x}]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--jwks", str(workspace.jwks),
+         "--port", "0"],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"{policy}:5:" in proc.stderr
+
+
+def test_bad_setting_is_one_readable_error(workspace: Workspace, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--policy", "x.yaml", "--jwks", str(workspace.jwks),
+         "--port", "abc"],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "capgate: error: --port has value 'abc'; expected an integer 0-65535"
+    ]

@@ -134,14 +134,9 @@ class Signer:
         return h
 
     def sign(self, payload: dict[str, Any], **header_over: Any) -> str:
-        """Sign any payload with PyJWT; ``header_over`` adds, changes or (``DROP``) removes
-        header fields (alg comes from ``self.algorithm`` unless overridden by ``sign_jws``)."""
-        h = self.header(**header_over)
-        alg = h.pop("alg")
-        if "typ" not in h:
-            # PyJWT adds typ=JWT by default; an explicit None keeps it out.
-            h["typ"] = None
-        return jwt.encode(payload, self.key, algorithm=alg, headers=h)
+        """Sign any payload (any JSON, unchecked) with this key; ``header_over`` adds, changes
+        or (``DROP``) removes header fields. The signature is always made with this key."""
+        return sign_jws(self.header(**header_over), payload, self.key)
 
 
 class _Drop:

@@ -36,7 +36,6 @@ rate or quota by the calls it refused, never under-count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -234,21 +233,40 @@ class RedisStore:
         self._heartbeat_timeout = max(heartbeat_timeout_s, heartbeat_s)
         self._reconnect_min = reconnect_min_s
         self._reconnect_max = max(reconnect_max_s, reconnect_min_s)
+        common: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "decode_responses": True,
+            "client_name": client_name,
+            # RESP2: the long-proven pub/sub path (redis-py 8 misreads a RESP3 PONG
+            # when responses are decoded).
+            "protocol": 2,
+        }
         try:
+            # Calls: no hidden retries (we answer within our timeout); a failed connection
+            # is dropped and the pool opens a fresh one for the next call.
             pool = BlockingConnectionPool.from_url(
                 url,
                 max_connections=max_connections,
                 timeout=self._op_timeout,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=connect_timeout,
-                retry=Retry(NoBackoff(), 0),  # no hidden retries: we answer within our timeout
-                decode_responses=True,
-                client_name=client_name,
+                retry=Retry(NoBackoff(), 0),
+                **common,
+            )
+            # The subscriber: its own small pool (pub/sub + snapshot), so a busy hot path
+            # cannot starve a resync. No retry handler at all: redis-py would otherwise
+            # reconnect and resubscribe behind our back, and we rebuild from scratch instead.
+            sub_pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=2,
+                timeout=self._sync_timeout,
+                retry=Retry(NoBackoff(), 0, supported_errors=()),
+                **common,
             )
         except ValueError as exc:
             # redis-py's messages name the bad part, never the password; the URL is redacted.
             raise ValueError(f"invalid redis URL {redact_url(url)!r}: {exc}") from None
         self._client: Redis = Redis.from_pool(pool)
+        self._sub_client: Redis = Redis.from_pool(sub_pool)
         self._rate_script = self._client.register_script(RATE_LUA)
         self._quota_script = self._client.register_script(QUOTA_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
@@ -303,9 +321,14 @@ class RedisStore:
         self._mark_stale("store closed")
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # The subscriber also stops by itself once it sees _running is False; cancelling
+            # again covers a cancellation swallowed inside the client library.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.1)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("the revocation subscriber failed", exc_info=task.exception())
+        await self._sub_client.aclose()
         await self._client.aclose()
 
     async def health(self) -> dict[str, Any]:
@@ -345,7 +368,7 @@ class RedisStore:
         await self._call("revoke", lambda: self._revoke_script(keys=keys, args=args))
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
-        if not self._synced:
+        if not (self._synced and self._running):
             raise StateUnavailable(
                 f"the revocation list is not in sync with redis at {self.target} "
                 f"({self._stale_reason}); refusing calls until it is"
@@ -420,8 +443,8 @@ class RedisStore:
         failure mark it stale and reconnect with jittered exponential backoff."""
         delay = self._reconnect_min
         failures = 0
-        while True:
-            pubsub = self._client.pubsub()
+        while self._running:
+            pubsub = self._sub_client.pubsub()
             try:
                 await self._sync(pubsub)
                 if failures:
@@ -456,6 +479,8 @@ class RedisStore:
                 )
             finally:
                 await self._close_pubsub(pubsub)
+            if not self._running:
+                return
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 (jitter)
             delay = min(delay * 2, self._reconnect_max)
 
@@ -476,7 +501,7 @@ class RedisStore:
                     break
                 if message is not None and message["type"] == "message":
                     self._on_message(message["data"])
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self._sub_client.pipeline(transaction=False) as pipe:
                 for kind in REVOCATION_KINDS:
                     pipe.zrange(self._revoked_key(kind), 0, -1, withscores=True)
                 snapshot: list[list[tuple[str, float]]] = await pipe.execute()
@@ -486,6 +511,8 @@ class RedisStore:
             for value, until in entries:
                 in_redis[(kind, value)] = until
                 self._revocations.apply(kind, value, until, now=now)
+        if not self._running:
+            return
         self._synced = True
         self._stale_reason = "in sync"
         if self._first_sync is not None:
@@ -503,7 +530,7 @@ class RedisStore:
         if not missing:
             return
         async with asyncio.timeout(self._sync_timeout):
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self._sub_client.pipeline(transaction=False) as pipe:
                 for kind, value, until in missing:
                     limit = None if until == math.inf else until
                     pipe.zadd(self._revoked_key(kind), {value: until}, gt=True)
@@ -521,7 +548,7 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         last_heard = loop.time()
         next_ping = last_heard + self._heartbeat
-        while True:
+        while self._running:
             message = await pubsub.get_message(timeout=max(0.0, next_ping - loop.time()))
             now = loop.time()
             if message is not None:

@@ -24,7 +24,7 @@ from gateway.audit_trail import AuditTrail
 from gateway.config import Settings
 from gateway.credentials import CredentialStore
 from gateway.errors import ConfigError
-from gateway.pipeline import run
+from gateway.pipeline import InFlight, run
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.policy.source import PolicyError
@@ -52,6 +52,7 @@ class Gateway:
     transport: Transport
     audit: AuditTrail
     mcp: Any = None
+    inflight: InFlight = field(default_factory=InFlight)
     started: float = 0.0
     policy_stamp: tuple[int, int] = (0, 0)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -141,8 +142,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     await gw.state.start()
 
     def on_revoke(kind: str, value: str) -> None:
-        attr = {"jti": "jti", "agent": "agent", "run": "run"}[kind]
-        gw.verifier.forget(lambda c: getattr(c, attr) == value)
+        gw.verifier.forget(lambda c: getattr(c, kind, None) == value)
+        cancelled = gw.inflight.cancel(kind, value)
+        log.info("revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled)
 
     gw.state.on_revoke(on_revoke)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
@@ -157,12 +159,30 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         gw.audit.close()
 
 
+STATE_HEALTH_EVERY = 5.0
+
+
 async def _watch(gw: Gateway) -> None:
-    """Reload the policy when its file changes; flush the audit file now and then."""
+    """Reload the policy when its file changes; flush the audit file; log the store's health
+    when it changes (reachable <-> unreachable)."""
+    loop = asyncio.get_running_loop()
+    next_health = 0.0
+    reachable = True
     while True:
         await asyncio.sleep(gw.settings.reload_interval)
         gw.reload_policy()
         gw.audit.flush()
+        if loop.time() >= next_health:
+            next_health = loop.time() + STATE_HEALTH_EVERY
+            health = await gw.state.health()
+            now_reachable = bool(health.get("reachable"))
+            if now_reachable != reachable:
+                if now_reachable:
+                    log.info("state store %s reachable again", health.get("backend"))
+                else:
+                    log.error("state store %s unreachable: %s; calls that need it are denied "
+                              "(state_unavailable)", health.get("backend"), health.get("detail"))
+                reachable = now_reachable
 
 
 def create_app(gw: Gateway) -> web.Application:

@@ -47,6 +47,8 @@ class Call:
     status: int | None = None  # the status sent to the agent
     response_bytes: int = 0
     error: GatewayError | None = None
+    revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    streaming: bool = False  # the response's head was sent to the agent
 
     @property
     def rule_id(self) -> str | None:

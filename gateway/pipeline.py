@@ -10,21 +10,22 @@ that escapes is a bug: it is logged with its traceback, and the call is denied w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway.call import Call
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, TokenRevoked
 from gateway.stages.audit import audit
 from gateway.stages.authenticate import authenticate
 from gateway.stages.dispatch import dispatch
 from gateway.stages.inject import inject
 from gateway.stages.match_policy import match_policy
 from gateway.stages.receive import receive
-from gateway.stages.respond import respond
+from gateway.stages.respond import refusal, respond
 from gateway.stages.throttle import throttle
 from gateway.stages.validate import validate
 
@@ -60,10 +61,17 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
         request_id=new_request_id(),
         request=request,
     )
+    task = asyncio.current_task()
     try:
         await decide(call, gw)
         if call.error is None:
+            gw.inflight.add(call, task)
             try:
+                # A revocation that arrived since the token was checked still stops the call.
+                assert call.claims is not None
+                kind = gw.state.is_revoked(call.claims.jti, call.claims.agent, call.claims.run)
+                if kind is not None:
+                    raise TokenRevoked(f"this token's {kind} has been revoked")
                 await dispatch(call, gw)
             except GatewayError as exc:
                 call.error = exc
@@ -71,5 +79,49 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
                 log.exception("internal error in request %s", call.request_id)
                 call.error = InternalError.wrap(exc)
         return await respond(call, gw, request)
+    except asyncio.CancelledError:
+        # A revocation cancels the calls in flight of the revoked token, agent or run; the
+        # upstream connection was closed as the cancellation unwound through the transport.
+        if call.revoked is None or task is None:
+            raise
+        task.uncancel()
+        call.error = call.revoked
+        if call.streaming:
+            if request.transport is not None:
+                request.transport.close()
+            raise
+        return refusal(call, call.revoked)
     finally:
+        gw.inflight.discard(call)
         audit(call, gw)
+
+
+class InFlight:
+    """Calls being forwarded, so that a revocation can cancel them."""
+
+    def __init__(self) -> None:
+        self._calls: dict[Call, asyncio.Task[Any]] = {}
+
+    def add(self, call: Call, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._calls[call] = task
+
+    def discard(self, call: Call) -> None:
+        self._calls.pop(call, None)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def cancel(self, kind: str, value: str) -> int:
+        """Cancel every call whose token matches a new revocation; the number cancelled."""
+        cancelled = 0
+        for call, task in list(self._calls.items()):
+            claims = call.claims
+            if claims is None:
+                continue
+            hit = {"jti": claims.jti, "agent": claims.agent, "run": claims.run}.get(kind)
+            if hit == value and call.revoked is None:
+                call.revoked = TokenRevoked(f"this token's {kind} was revoked during the call")
+                task.cancel()
+                cancelled += 1
+        return cancelled

@@ -443,3 +443,46 @@ async def test_audit_has_no_token_or_secret(client, token, settings, gateway, wo
     assert raw.count(b"\n") >= 3
     for secret in (tok, workspace.metrics_token, "echo-key-for-tester"):
         assert secret.encode() not in raw
+
+
+# --- revocation ---------------------------------------------------------------------------
+
+
+async def test_revoked_token_agent_and_run(client, token, gateway: Gateway, mocks: Mocks) -> None:
+    a = token("tester", run="run-1")
+    b = token("tester", run="run-2")
+    c = token("other-bot", run="run-2")
+    assert (await client.get("/echo/echo/x", headers=bearer(a))).status == 200  # cached verdict
+    from gateway.tokens import TokenVerifier
+
+    jti = TokenVerifier.verify(gateway.verifier, a).jti
+    await gateway.state.revoke("jti", jti)
+    await problem(await client.get("/echo/echo/x", headers=bearer(a)), 401, "token_revoked")
+    assert (await client.get("/echo/echo/x", headers=bearer(b))).status == 200
+    await gateway.state.revoke("run", "run-2")
+    await problem(await client.get("/echo/echo/x", headers=bearer(b)), 401, "token_revoked")
+    await problem(await client.get("/echo/echo/x", headers=bearer(c)), 401, "token_revoked")
+    fresh = token("tester", run="run-3")
+    assert (await client.get("/echo/echo/x", headers=bearer(fresh))).status == 200
+    await gateway.state.revoke("agent", "tester")
+    await problem(await client.get("/echo/echo/x", headers=bearer(fresh)), 401, "token_revoked")
+
+
+async def test_revocation_cancels_calls_in_flight(client, token, gateway: Gateway,
+                                                  settings, mocks: Mocks) -> None:
+    tok = token("tester")
+    call = asyncio.ensure_future(client.get("/echo/echo/slow?delay=0.9", headers=bearer(tok)))
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if len(gateway.inflight):
+            break
+    assert len(gateway.inflight) == 1
+    started = time.monotonic()
+    await gateway.state.revoke("agent", "tester")
+    resp = await call
+    assert time.monotonic() - started < 0.5  # not the upstream's 0.9 s
+    body = await problem(resp, 401, "token_revoked")
+    assert "during the call" in body["detail"]
+    assert len(gateway.inflight) == 0
+    line = audit_lines(settings, gateway)[-1]
+    assert line["reason"] == "token_revoked" and line["decision"] == "deny"

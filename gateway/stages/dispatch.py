@@ -52,6 +52,9 @@ async def dispatch(call: Call, gw: Gateway) -> None:
         body=body,
         agent=call.claims.agent,
         run=call.claims.run,
+        rule=call.match.rule if call.match is not None else None,
+        injection=call.injection,
+        request_id=call.request_id,
     )
     try:
         call.response = await gw.transport.send(request)

@@ -147,6 +147,7 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
     scrub = Scrubber(secret) if secret else None
     try:
         await out.prepare(request)
+        call.streaming = True
         async for chunk in chunks:
             if scrub is not None:
                 chunk = scrub.feed(chunk)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from multidict import CIMultiDict
 
-from gateway.policy.model import Upstream
+from gateway.policy.model import Rule, Upstream
+
+if TYPE_CHECKING:
+    from gateway.credentials import Injection
 
 Body = bytes | AsyncIterator[bytes] | None
 
@@ -28,6 +31,9 @@ class UpstreamRequest:
     body: Body
     agent: str = ""
     run: str | None = None
+    rule: Rule | None = None  # the rule that allowed the call (volatile fields, ids)
+    injection: Injection | None = None  # the credential added (redacted by provenance)
+    request_id: str = ""
 
 
 class UpstreamResponse(Protocol):

@@ -59,9 +59,7 @@ def create_app(upstream: str) -> web.Application:
 
     async def forward(request: web.Request) -> web.StreamResponse:
         drop = _dropped(request.headers, REQUEST_DROP)
-        headers = CIMultiDict(
-            (k, v) for k, v in request.headers.items() if k.lower() not in drop
-        )
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in drop)
         data = request.content if request.body_exists else None
         url = URL(origin + request.raw_path, encoded=True)
         async with request.app[SESSION].request(

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import time
+from pathlib import Path
 
 from yarl import URL
 
@@ -49,8 +50,14 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _worker(host: str, port: int, request: bytes, deadline: float,
-                  latencies: list[float], counts: dict[str, int]) -> None:
+async def _worker(
+    host: str,
+    port: int,
+    request: bytes,
+    deadline: float,
+    latencies: list[float],
+    counts: dict[str, int],
+) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline:
@@ -70,21 +77,32 @@ async def _worker(host: str, port: int, request: bytes, deadline: float,
         writer.close()
 
 
-async def run(url: str, connections: int, duration: float, headers: list[str]) -> dict[str, float]:
+async def run(
+    url: str,
+    connections: int,
+    duration: float,
+    headers: list[str],
+    method: str = "GET",
+    body: bytes | None = None,
+) -> dict[str, float]:
     u = URL(url)
     if u.host not in ("127.0.0.1", "localhost"):
         raise SystemExit("bench.loadgen only targets 127.0.0.1")
     target = u.raw_path_qs or "/"
-    lines = [f"GET {target} HTTP/1.1", f"Host: {u.host}:{u.port}", "Connection: keep-alive"]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {u.host}:{u.port}", "Connection: keep-alive"]
     lines += headers
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
     latencies: list[float] = []
     counts = {"non2xx": 0, "errors": 0}
     started = time.perf_counter()
     deadline = started + duration
     await asyncio.gather(
-        *(_worker(u.host or "127.0.0.1", u.port or 80, request, deadline, latencies, counts)
-          for _ in range(connections))
+        *(
+            _worker(u.host or "127.0.0.1", u.port or 80, request, deadline, latencies, counts)
+            for _ in range(connections)
+        )
     )
     elapsed = time.perf_counter() - started
     latencies.sort()
@@ -105,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-c", "--connections", type=int, default=1)
     p.add_argument("-d", "--duration", type=float, default=5.0)
     p.add_argument("-H", "--header", action="append", default=[])
+    p.add_argument("--method", default="GET")
+    p.add_argument("--body-file", type=Path)
     args = p.parse_args(argv)
-    result = asyncio.run(run(args.url, args.connections, args.duration, args.header))
+    body = args.body_file.read_bytes() if args.body_file else None
+    result = asyncio.run(
+        run(args.url, args.connections, args.duration, args.header, args.method, body)
+    )
     print(json.dumps(result))
     return 0
 

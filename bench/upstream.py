@@ -43,8 +43,9 @@ def create_app(token: str | None) -> web.Application:
         if expected is not None:
             got = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(got, expected):
-                return web.Response(status=401, body=b'{"error":"unauthorized"}',
-                                    content_type="application/json")
+                return web.Response(
+                    status=401, body=b'{"error":"unauthorized"}', content_type="application/json"
+                )
         return web.Response(body=BODY, content_type="application/json")
 
     app = web.Application()
@@ -74,8 +75,11 @@ async def serve(port: int, token: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.upstream")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--token", default=os.environ.get("BENCH_UPSTREAM_TOKEN"),
-                   help="require 'Authorization: Bearer TOKEN' (default $BENCH_UPSTREAM_TOKEN)")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("BENCH_UPSTREAM_TOKEN"),
+        help="require 'Authorization: Bearer TOKEN' (default $BENCH_UPSTREAM_TOKEN)",
+    )
     args = p.parse_args(argv)
     asyncio.run(serve(args.port, args.token or None))
     return 0

@@ -19,6 +19,7 @@ the gateway's reason; ``error.data`` carries the same fields as problem+json.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
     from gateway.call import Call
     from gateway.policy.model import Rule, Upstream
 
-PASS_METHODS = frozenset({"initialize", "ping", "tools/list"})
+# Protocol methods that carry no tool call: the handshake (initialize, or server/discover in
+# the 2026-07-28 protocol), liveness, and the tool listing (filtered on the way back).
+PASS_METHODS = frozenset({"initialize", "server/discover", "ping", "tools/list"})
 JSONRPC_DENIED = -32001  # implementation-defined server error range (-32000..-32099)
 
 
@@ -109,6 +112,7 @@ class McpGate:
                 continue
             if msg.method != "tools/call":
                 raise ToolDenied(f"the MCP method {msg.method!r} is not allowed by the policy")
+        _check_routing_headers(call, messages, batch)
         tools = [m.tool for m in messages if m.tool is not None]
         if len(set(tools)) > 1:
             # Each tool needs its own rule: check all of them, keep the first as the call's.
@@ -134,6 +138,32 @@ class McpGate:
             call.claims.roles, call.claims.caps, call.target.upstream, "POST"
         )
         return {r.tool for r in rules if r.tool is not None}
+
+
+def _check_routing_headers(call: Call, messages: list[McpMessage], batch: bool) -> None:
+    """The 2026-07-28 routing headers must say what the body says: anything that routes or
+    logs by header would otherwise act on a call other than the one checked."""
+    method_header = call.headers.getall("Mcp-Method", [])
+    name_header = call.headers.getall("Mcp-Name", [])
+    if not method_header and not name_header:
+        return
+    if batch or len(method_header) > 1 or len(name_header) > 1:
+        raise BodyInvalid("MCP routing headers are ambiguous for this request")
+    msg = messages[0]
+    if method_header and method_header[0] != msg.method:
+        raise BodyInvalid("the Mcp-Method header does not match the JSON-RPC method")
+    if name_header and msg.tool is not None and _header_text(name_header[0]) != msg.tool:
+        raise BodyInvalid("the Mcp-Name header does not match the tool name")
+
+
+def _header_text(value: str) -> str | None:
+    """MCP header values that are not plain ASCII travel as ``=?base64?...?=``."""
+    if value.startswith("=?base64?") and value.endswith("?="):
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return None
+    return value
 
 
 def tool_messages(call: Call, tool: str | None = None) -> list[McpMessage]:

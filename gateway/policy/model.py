@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from yarl import URL
 
-from gateway.errors import NoRule, QueryInvalid
+from gateway.errors import NoRule, QueryInvalid, ToolDenied
 from gateway.target import Target
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -117,6 +117,10 @@ class PathPattern:
                 if want != got:
                     return None
             else:
+                if got == "":
+                    # "/items/" is not "/items/{id}" with an empty id: it is another resource
+                    # (often the listing), so a parameter never matches an empty segment.
+                    return None
                 problem = want.violation(got)
                 if problem is not None and bad is None:
                     bad = f"path parameter {want.name!r} {problem}"
@@ -215,7 +219,9 @@ class Policy:
         near: QueryInvalid | None = None
         near_path: str | None = None
         for rule in self.candidates(roles, caps, target.upstream, method):
-            if rule.tool is not None and rule.tool != tool:
+            # An MCP tool call needs a rule naming that tool; a protocol message (tool None)
+            # is allowed by any rule on the endpoint.
+            if tool is not None and rule.tool != tool:
                 continue
             params = rule.path.match(target.segments)
             if params is None:
@@ -232,9 +238,9 @@ class Policy:
             return Match(rule, params)
         if near is not None:
             raise near
-        detail = f"no rule of the token's roles allows {method} /{target.upstream}{target.rest}"
         if tool is not None:
-            detail = f"no rule of the token's roles allows the tool {tool!r}"
+            raise ToolDenied(f"no rule of the token's roles allows the tool {tool!r}")
+        detail = f"no rule of the token's roles allows {method} /{target.upstream}{target.rest}"
         if near_path is not None:
             detail += f" ({near_path})"
         raise NoRule(detail)

@@ -28,12 +28,14 @@ FORWARDED_REQUEST_HEADERS = frozenset(
         "if-unmodified-since",
         "cache-control",
         "range",
-        # MCP Streamable HTTP needs these to pass both ways.
-        "mcp-session-id",
-        "mcp-protocol-version",
-        "last-event-id",
     }
 )
+# MCP Streamable HTTP headers, forwarded to MCP upstreams only. The routing headers
+# (Mcp-Method, Mcp-Name, Mcp-Param-*) were checked against the JSON-RPC body by checks/mcp.py.
+MCP_REQUEST_HEADERS = frozenset(
+    {"mcp-session-id", "mcp-protocol-version", "last-event-id", "mcp-method", "mcp-name"}
+)
+MCP_PARAM_PREFIX = "mcp-param-"
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -61,12 +63,17 @@ async def inject(call: Call, gw: Gateway) -> None:
     assert call.match is not None and call.upstream is not None and call.claims is not None
     rule = call.match.rule
     dropped = connection_named(call.headers)
+    mcp = call.upstream.kind == "mcp"
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in call.headers.items():
         low = name.lower()
         if low in dropped or low in HOP_BY_HOP:
             continue
-        if low in FORWARDED_REQUEST_HEADERS or low in rule.headers:
+        if (
+            low in FORWARDED_REQUEST_HEADERS
+            or low in rule.headers
+            or (mcp and (low in MCP_REQUEST_HEADERS or low.startswith(MCP_PARAM_PREFIX)))
+        ):
             out.add(name, value)
     out["Accept-Encoding"] = "identity"
     out["X-Request-Id"] = call.request_id

@@ -117,7 +117,9 @@ class StateStore(Protocol):
         ...
 
     def on_revoke(self, callback: RevocationListener) -> None:
-        """Call ``callback(kind, value)`` for every revocation that reaches the mirror."""
+        """Call ``callback(kind, value)`` whenever the mirror learns a revocation: revoked
+        here, published by another gateway, or found in a resync after a disconnect. A
+        repeat that changes nothing (e.g. our own message echoed back) is not announced."""
         ...
 
     # --- rates --------------------------------------------------------------------------

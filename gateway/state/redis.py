@@ -10,16 +10,18 @@ Layout (``P`` is the prefix, ``capgate:`` by default)::
     P quota:<key>                                        quota counter
 
 Revocations. ``revoke`` runs one script that records the entry (``ZADD GT``: the later
-``until`` wins), drops expired entries and publishes the message, so the write and the
-announcement cannot part. Every store keeps a local mirror for ``is_revoked``. A background
-task owns one pub/sub connection: it subscribes, waits for the subscription to be confirmed,
-*then* loads the sorted sets (so nothing published in between is missed), marks the mirror
-trusted, and applies messages as they come. It PINGs on that connection every
-``heartbeat_s``; if the connection fails or no answer comes within ``heartbeat_timeout_s`` the
-mirror is marked untrusted (``is_revoked`` raises ``StateUnavailable``) and the task
-reconnects with jittered exponential backoff, trusting the mirror again only after a full
-resync. A resync also writes back any entry this gateway holds that Redis lacks (a revoke
-whose shared write failed, or a Redis that restarted empty).
+``until`` wins), drops expired entries and, if the set changed, publishes the message, so
+the write and the announcement cannot part. Every store keeps a local mirror for
+``is_revoked``. A background task (with its own two-connection pool, so a busy hot path
+cannot starve it) owns one pub/sub connection: it subscribes, waits for the subscription to
+be confirmed, *then* loads the sorted sets (so nothing published in between is missed),
+marks the mirror trusted, and applies messages as they come. It PINGs on that connection
+every ``heartbeat_s``; if the connection fails or no answer comes within
+``heartbeat_timeout_s`` the mirror is marked untrusted (``is_revoked`` raises
+``StateUnavailable``) and the task reconnects with jittered exponential backoff, trusting
+the mirror again only after a full resync. A resync also writes back any entry this gateway
+holds that Redis lacks (a revoke whose shared write failed, or a Redis that restarted
+empty); the script announces each only once, however many gateways write it back.
 
 Rates and quotas. Each is one Lua script (``EVALSHA``, reloaded automatically after a Redis
 restart), hence atomic across gateways. The limiter reads the clock with ``TIME`` inside the
@@ -128,14 +130,18 @@ end
 return {1, 0, 0, remaining}
 """
 
-# Record and announce a revocation. KEYS[1]: the kind's sorted set.
-# ARGV: value, until (score; '+inf' = forever), channel, message.
+# Record a revocation and, if that changed the set, announce it (so a repeat, or the same
+# write-back from many gateways after a Redis restart, is published once).
+# KEYS[1]: the kind's sorted set. ARGV: value, until (score; '+inf' = forever), channel,
+# message. Returns 1 if announced.
 REVOKE_LUA = """
 local t = redis.call('TIME')
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1])
-redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1
+if redis.call('ZADD', KEYS[1], 'GT', 'CH', ARGV[2], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 1
+end
+return 0
 """
 
 
@@ -210,6 +216,8 @@ class RedisStore:
         scheme = url.partition("://")[0].lower() if "://" in url else ""
         if scheme not in ("redis", "rediss"):
             raise ValueError(f"not a redis URL: {redact_url(url)!r} (use redis:// or rediss://)")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections!r}")
         for name, value in (
             ("socket_timeout", socket_timeout),
             ("connect_timeout", connect_timeout),
@@ -219,6 +227,7 @@ class RedisStore:
             ("heartbeat_timeout_s", heartbeat_timeout_s),
             ("reconnect_min_s", reconnect_min_s),
             ("reconnect_max_s", reconnect_max_s),
+            ("op_timeout", 1.0 if op_timeout is None else op_timeout),
         ):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
@@ -288,6 +297,10 @@ class RedisStore:
 
     def _revoked_key(self, kind: str) -> str:
         return f"{self.prefix}revoked:{kind}"
+
+    def _revoke_args(self, kind: str, value: str, until: float | None) -> list[str]:
+        message = json.dumps({"kind": kind, "value": value, "until": until})
+        return [value, _score(until), self._channel, message]
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -362,9 +375,8 @@ class RedisStore:
         # Local first: this gateway enforces the revocation even if the shared write fails
         # (a later resync writes it back to Redis).
         self._revocations.apply(kind, value, until, now=time.time())
-        message = json.dumps({"kind": kind, "value": value, "until": until})
         keys = [self._revoked_key(kind)]
-        args = [value, _score(until), self._channel, message]
+        args = self._revoke_args(kind, value, until)
         await self._call("revoke", lambda: self._revoke_script(keys=keys, args=args))
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
@@ -433,7 +445,7 @@ class RedisStore:
     # --- the subscriber -----------------------------------------------------------------
 
     def _mark_stale(self, reason: str) -> None:
-        if self._synced or reason != self._stale_reason:
+        if self._synced:
             self._stale_since = time.monotonic()
         self._synced = False
         self._stale_reason = reason
@@ -517,7 +529,15 @@ class RedisStore:
         self._stale_reason = "in sync"
         if self._first_sync is not None:
             self._first_sync.set()
-        await self._write_back(in_redis)
+        try:
+            await self._write_back(in_redis)
+        except (TimeoutError, RedisError, OSError) as exc:
+            # Best effort: the mirror itself is in sync; the next resync tries again.
+            log.warning(
+                "could not write local revocations back to redis at %s (%s)",
+                self.target,
+                _failure(exc),
+            )
 
     async def _write_back(self, in_redis: dict[tuple[str, str], float]) -> None:
         """Give Redis the live entries it lacks (a revoke whose shared write failed, or a
@@ -532,16 +552,18 @@ class RedisStore:
         async with asyncio.timeout(self._sync_timeout):
             async with self._sub_client.pipeline(transaction=False) as pipe:
                 for kind, value, until in missing:
-                    limit = None if until == math.inf else until
-                    pipe.zadd(self._revoked_key(kind), {value: until}, gt=True)
-                    message = json.dumps({"kind": kind, "value": value, "until": limit})
-                    pipe.publish(self._channel, message)
-                await pipe.execute()
-        log.warning(
-            "wrote %d revocation(s) known here but missing from redis at %s back to it",
-            len(missing),
-            self.target,
-        )
+                    await self._revoke_script(
+                        keys=[self._revoked_key(kind)],
+                        args=self._revoke_args(kind, value, None if until == math.inf else until),
+                        client=pipe,
+                    )
+                announced = sum(await pipe.execute())
+        if announced:
+            log.warning(
+                "wrote %d revocation(s) known here but missing from redis at %s back to it",
+                announced,
+                self.target,
+            )
 
     async def _listen(self, pubsub: PubSub) -> None:
         """Apply messages until the connection fails or stops answering the heartbeat."""

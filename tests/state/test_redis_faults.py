@@ -15,7 +15,7 @@ from gateway.errors import StateUnavailable
 from gateway.limits import parse_rate
 from gateway.state import StateStore, open_store
 from tests.redis_server import RedisServer, free_port
-from tests.state.conftest import FAST, StoreFactory, needs_redis
+from tests.state.conftest import FAST, PROD_TIMEOUTS, StoreFactory, needs_redis
 from tests.state.test_store import eventually
 
 pytestmark = [pytest.mark.redis, needs_redis]
@@ -46,7 +46,7 @@ async def _elapsed_raising(call) -> tuple[float, StateUnavailable]:  # type: ign
 async def test_killed_redis_fails_closed_then_recovers_on_restart(
     redis_server: RedisServer, make_store: StoreFactory
 ) -> None:
-    store = await make_store(redis_server.url)
+    store = await make_store(redis_server.url, **PROD_TIMEOUTS)
     assert (await store.take("k", RATE)).allowed
     assert store.is_revoked("j", "a", None) is None
 
@@ -118,7 +118,7 @@ async def test_resync_delivers_revocations_missed_while_disconnected(
 async def test_paused_redis_times_out_instead_of_hanging(
     redis_server: RedisServer, make_store: StoreFactory
 ) -> None:
-    store = await make_store(redis_server.url)
+    store = await make_store(redis_server.url, **PROD_TIMEOUTS)  # op_timeout: 0.5 s
     assert (await store.take("k", RATE)).allowed
     redis_server.pause(1200)
     took, err = await _elapsed_raising(lambda: store.take("k", RATE))
@@ -145,8 +145,7 @@ async def test_paused_redis_times_out_instead_of_hanging(
 async def test_silent_pubsub_marks_mirror_stale(
     redis_server: RedisServer, make_store: StoreFactory
 ) -> None:
-    # With FAST settings the heartbeat gives up after 0.6 s without an answer.
-    store = await make_store(redis_server.url)
+    store = await make_store(redis_server.url, heartbeat_s=0.2, heartbeat_timeout_s=0.6)
     redis_server.pause(1500)
     started = time.perf_counter()
     await eventually(lambda: _is_unavailable(store), within=1.4)

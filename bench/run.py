@@ -1,0 +1,1069 @@
+"""Throughput and latency of capgate, against a bare aiohttp proxy and the upstream itself.
+
+    python -m bench.run [--duration 5] [--connections 1,32] [--quick] [--json FILE]
+                        [--scenarios NAME,...] [--loadgen auto|wrk|python] [--keep-tmp]
+
+One run starts, each in its own process and on 127.0.0.1 only:
+
+- ``bench.upstream``: a tiny aiohttp app answering ``GET /metrics/cpu`` with a fixed JSON
+  body and checking the bearer credential capgate is supposed to inject;
+- ``bench.bare_proxy``: a bare aiohttp pass-through proxy, no checks; the ceiling for a Python
+  proxy on this stack;
+- ``python -m gateway serve``, once per capgate scenario (``SCENARIOS`` below): the default
+  one has a 50-rule policy, token verification, a bearer credential injected from the
+  environment, and the audit file on.
+
+Then for each target (direct, bare proxy, each capgate scenario) and each connection count it
+runs ``wrk`` (1 s warm-up, then the measurement), and prints req/s, p50 and p99 and the
+ratios the product cares about. With two or more CPUs and ``taskset``, the server under test
+is pinned to the first CPU, and wrk and the upstream to the second.
+
+A capgate scenario is one ``Scenario`` entry: a name, a policy generator, extra serve
+arguments, the path to call, the token's roles, and an optional ``setup`` hook that may start
+more processes (e.g. a redis-server) through ``ctx.procs``; add one to ``SCENARIOS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from bench.upstream import BODY as UPSTREAM_BODY
+from mocks.demo import Workspace, prepare_workspace
+
+ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+UPSTREAM_PATH = "/metrics/cpu?window=5m"  # what direct and bare-proxy calls ask for
+WARMUP_SECONDS = 1
+READY_TIMEOUT = 30.0
+
+# Targets the product cares about (reported PASS/MISS; a MISS does not fail the run).
+TARGET_THROUGHPUT_PCT = 60.0  # capgate req/s as % of the bare proxy, at the most connections
+TARGET_ADDED_P50_MS = 0.3  # capgate p50 minus bare proxy p50, at the fewest connections
+
+
+class BenchError(Exception):
+    """Something that makes the numbers meaningless: stop and say why."""
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM if this script dies without cleaning up (e.g. SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_PREEXEC = _die_with_parent if sys.platform.startswith("linux") else None
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    files: tuple[IO[bytes], ...]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stderr_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.stderr.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Processes:
+    """Every process the bench starts; ``stop_all`` ends them (terminate, then kill)."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.items: list[Proc] = []
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        ready: str | None = None,
+        timeout: float = READY_TIMEOUT,
+    ) -> tuple[Proc, dict[str, Any]]:
+        """Start ``argv``; with ``ready`` (a line prefix), wait for ``<ready> listening {json}``
+        on its stdout and return the JSON."""
+        out_path = self.logs / f"{name}.out"
+        err_path = self.logs / f"{name}.err"
+        out, err = out_path.open("wb"), err_path.open("wb")
+        popen = subprocess.Popen(
+            [*prefix, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            preexec_fn=_PREEXEC,
+        )
+        proc = Proc(name, popen, out_path, err_path, (out, err))
+        self.items.append(proc)
+        if ready is None:
+            return proc, {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in out_path.read_text(errors="replace").splitlines():
+                if line.startswith(ready + " ") and " listening " in line:
+                    return proc, json.loads(line.split(" listening ", 1)[1])
+            if popen.poll() is not None:
+                raise BenchError(
+                    f"{name} exited with status {popen.returncode} before it was ready:\n"
+                    f"{proc.stderr_tail()}"
+                )
+            time.sleep(0.02)
+        raise BenchError(f"{name} was not ready after {timeout:.0f}s:\n{proc.stderr_tail()}")
+
+    def check_alive(self) -> None:
+        for proc in self.items:
+            if proc.popen.poll() is not None:
+                raise BenchError(
+                    f"{proc.name} (pid {proc.pid}) exited with status {proc.popen.returncode} "
+                    f"during the bench:\n{proc.stderr_tail()}"
+                )
+
+    def stop(self, proc: Proc, grace: float = 5.0) -> int | None:
+        if proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.popen.terminate()
+            try:
+                proc.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.popen.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(grace)
+        for fh in proc.files:
+            with contextlib.suppress(OSError):
+                fh.close()
+        if proc in self.items:
+            self.items.remove(proc)
+        return proc.popen.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.items)):
+            self.stop(proc)
+
+
+# --- CPU pinning ------------------------------------------------------------------------------
+
+
+@dataclass
+class Pinning:
+    taskset: str | None
+    server_cpu: int | None  # the process under test
+    client_cpu: int | None  # wrk and the upstream
+    why: str
+
+    @classmethod
+    def detect(cls, enabled: bool = True) -> Pinning:
+        taskset = shutil.which("taskset")
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = list(range(os.cpu_count() or 1))
+        if not enabled:
+            return cls(None, None, None, "off (--no-pin)")
+        if taskset is None:
+            return cls(None, None, None, "off: taskset not found")
+        if len(cpus) < 2:
+            return cls(None, None, None, f"off: only {len(cpus)} CPU available")
+        return cls(taskset, cpus[0], cpus[1], f"{len(cpus)} CPUs available: {cpus}")
+
+    @property
+    def active(self) -> bool:
+        return self.taskset is not None
+
+    def prefix(self, cpu: int | None) -> list[str]:
+        if self.taskset is None or cpu is None:
+            return []
+        return [self.taskset, "-c", str(cpu)]
+
+    def move(self, pid: int, cpu: int | None) -> None:
+        """Re-pin a running process (all its threads)."""
+        if self.taskset is None or cpu is None:
+            return
+        subprocess.run(
+            [self.taskset, "-a", "-p", "-c", str(cpu), str(pid)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def describe(self) -> list[str]:
+        if not self.active:
+            return [f"CPU pinning: {self.why}; all processes float over all CPUs"]
+        s, c = self.server_cpu, self.client_cpu
+        return [
+            f"CPU pinning (taskset; {self.why}):",
+            f"  CPU {s}: the server under test (bare proxy, capgate); the upstream while it is",
+            "         itself the target ('direct'), so it has a CPU to itself like the proxies",
+            f"  CPU {c}: the load generator, and the upstream while a proxy is measured",
+        ]
+
+
+# --- scenarios --------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What a scenario's hooks may use."""
+
+    tmp: Path
+    procs: Processes
+    pinning: Pinning
+    upstream_url: str
+    ws: Workspace
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One capgate configuration to measure."""
+
+    name: str
+    description: str
+    policy: Callable[[Context], str]  # the policy YAML text
+    path: str  # what the agent calls on capgate: /<upstream>/<path>?<query>
+    roles: tuple[str, ...] = ("sre-diagnostics",)
+    agent: str = "bench-bot"
+    method: str = "GET"
+    body: bytes | None = None
+    content_type: str | None = None
+    serve_args: Callable[[Context], list[str]] = lambda ctx: []
+    env: Callable[[Context], dict[str, str]] = lambda ctx: {}
+    setup: Callable[[Context], None] | None = None  # e.g. start a redis-server via ctx.procs
+    expect_body: bytes | None = UPSTREAM_BODY  # checked once before measuring; None: any 2xx
+
+
+def policy_50_rules(ctx: Context) -> str:
+    """49 decoy rules over four upstreams and five roles, plus the real ``read-cpu`` rule.
+
+    The token of the default scenario has the roles ``sre-diagnostics`` and ``analyst``: eight
+    GET rules on the metrics upstream come before ``read-cpu``, so the matcher really walks
+    a candidate list, and one after it; the other roles' rules are never candidates.
+    """
+    url = ctx.upstream_url
+    rules: dict[str, list[str]] = {
+        "analyst": [],
+        "sre-diagnostics": [],
+        "deployer": [],
+        "auditor": [],
+        "db-reader": [],
+    }
+
+    def rule(role: str, rid: str, upstream: str, allow: str, *extra: str) -> None:
+        lines = [f"      - id: {rid}", f"        upstream: {upstream}", f"        allow: {allow}"]
+        lines += [f"        {x}" for x in extra]
+        rules[role].append("\n".join(lines))
+
+    window = 'query: {window: {enum: ["1m", "5m", "15m"], required: true}}'
+    # analyst: metrics GETs on other paths (candidates, never matching), logs, inventory.
+    for name in ("mem", "disk", "net", "load"):
+        rule("analyst", f"an-{name}", "metrics", f"GET /metrics/{name}", window)
+    rule(
+        "analyst",
+        "an-host",
+        "metrics",
+        "GET /metrics/host/{host}",
+        "params: {host: {regex: '[a-z0-9-]{1,63}'}}",
+    )
+    for level in ("app", "audit", "access", "kernel"):
+        rule(
+            "analyst",
+            f"an-logs-{level}",
+            "logs",
+            f"GET /logs/{level}",
+            "query: {limit: {min: 1, max: 500}, level: [debug, info, warn, error]}",
+        )
+    for item in ("hosts", "racks", "owners"):
+        rule("analyst", f"an-inv-{item}", "inventory", f"GET /inventory/{item}")
+    # sre-diagnostics: three more metrics GETs before read-cpu, one after, and non-GETs.
+    for name in ("cpu/{core}", "iops", "temp"):
+        rid = "sre-" + name.split("/")[0] + ("-core" if "{" in name else "")
+        extra = ("params: {core: {integer: true, min: 0, max: 255}}",) if "{" in name else ()
+        rule("sre-diagnostics", rid, "metrics", f"GET /metrics/{name}", *extra)
+    rule("sre-diagnostics", "read-cpu", "metrics", "GET /metrics/cpu", window)
+    rule(
+        "sre-diagnostics",
+        "sre-cpu-history",
+        "metrics",
+        "GET /metrics/cpu/history",
+        "query: {days: {integer: true, min: 1, max: 30}}",
+    )
+    rule(
+        "sre-diagnostics",
+        "sre-restart",
+        "services",
+        "POST /services/restart",
+        "body: {max_size: 1KiB, schema: {type: object, required: [service],"
+        " additionalProperties: false, properties: {service: {enum: [web, worker]}}}}",
+    )
+    rule(
+        "sre-diagnostics",
+        "sre-drain",
+        "services",
+        "POST /services/{name}/drain",
+        "params: {name: [web, worker, cron]}",
+    )
+    rule(
+        "sre-diagnostics",
+        "sre-logs",
+        "logs",
+        "GET /logs/application",
+        "query: {level: {enum: [debug, info, warn, error]}, limit: {min: 1, max: 500}}",
+    )
+    # deployer, auditor, db-reader: never candidates for the bench token.
+    for svc in ("web", "worker", "cron", "api", "batch", "search"):
+        rule("deployer", f"dep-{svc}", "services", f"POST /services/{svc}/deploy")
+        rule("deployer", f"dep-{svc}-status", "services", f"GET /services/{svc}/status")
+    for name in ("cpu", "mem", "disk", "net", "load", "iops"):
+        rule("auditor", f"aud-{name}", "metrics", f"GET /metrics/{name}", window)
+    for level in ("app", "audit", "access", "kernel", "security", "billing"):
+        rule(
+            "auditor",
+            f"aud-logs-{level}",
+            "logs",
+            f"GET /logs/{level}",
+            "query: {limit: {min: 1, max: 500}}",
+        )
+    for table in ("orders", "customers", "invoices", "shipments", "refunds", "events"):
+        rule(
+            "db-reader",
+            f"db-{table}",
+            "inventory",
+            f"GET /inventory/tables/{table}",
+            "query: {limit: {integer: true, min: 1, max: 1000}}",
+        )
+
+    count = sum(len(v) for v in rules.values())
+    if count != 50:
+        raise AssertionError(f"the bench policy has {count} rules, not 50")
+    out = [
+        "# Generated by bench/run.py: 49 decoy rules and the real read-cpu rule.",
+        "version: 1",
+        "upstreams:",
+        "  metrics:",
+        f"    url: {url}",
+        "    timeouts: {connect: 2s, read: 10s}",
+        "    limits: {request_body: 64KiB, response_body: 1MiB}",
+        '    credentials: {type: bearer, secret: "env:METRICS_TOKEN"}',
+        "  logs:",
+        f"    url: {url}",
+        "  services:",
+        f"    url: {url}",
+        "  inventory:",
+        f"    url: {url}",
+        "roles:",
+    ]
+    for role, items in rules.items():
+        out += [f"  {role}:", "    rules:", *items]
+    return "\n".join(out) + "\n"
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario(
+        name="capgate",
+        description="50-rule policy, EdDSA token, bearer credential injected, audit file on",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+    ),
+    # Later: "capgate+sql" (a rule with a SQL check, POST body) and "capgate+redis"
+    # (serve_args=lambda ctx: ["--state", ctx.extra["redis_url"]], setup=start_redis).
+]
+
+
+# --- targets and load -------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    kind: str  # direct | bare | capgate
+    url: str  # the whole URL wrk calls
+    authorization: str  # the Authorization header value sent by the load generator
+    pid: int
+    method: str = "GET"
+    body: bytes | None = None
+    content_type: str | None = None
+    expect_body: bytes | None = UPSTREAM_BODY
+
+
+@dataclass
+class Result:
+    target: str
+    kind: str
+    connections: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    non2xx: int
+    socket_errors: int
+    tool: str
+    server_cpu_pct: float | None = None  # CPU the process under test used, % of one CPU
+    server_cpu_us_per_req: float | None = None  # its CPU time per request, microseconds
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (all its threads), from /proc; None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # After "(comm)": state is field 3, so utime (14) and stime (15) are at 11 and 12 here.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m|h)", text.strip())
+    if not m:
+        raise BenchError(f"cannot read the wrk latency {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _count(text: str) -> int:
+    m = re.fullmatch(r"([0-9.]+)([kMG]?)", text.strip())
+    if not m:
+        raise BenchError(f"cannot read the wrk count {text!r}")
+    return int(float(m.group(1)) * {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[m.group(2)])
+
+
+def parse_wrk(output: str) -> dict[str, Any]:
+    """req/s, p50/p99 (ms), requests, non-2xx and socket errors from ``wrk --latency``."""
+    rps = re.search(r"^Requests/sec:\s+([0-9.]+)", output, re.M)
+    dist = output.partition("Latency Distribution")[2]
+    p50 = re.search(r"^\s*50(?:\.0+)?%\s+(\S+)", dist, re.M)
+    p99 = re.search(r"^\s*99(?:\.0+)?%\s+(\S+)", dist, re.M)
+    total = re.search(r"^\s*(\d+) requests in ", output, re.M)
+    if not (rps and p50 and p99 and total):
+        raise BenchError(f"cannot read wrk's output:\n{output}")
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    sock = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    )
+    return {
+        "rps": float(rps.group(1)),
+        "p50_ms": _ms(p50.group(1)),
+        "p99_ms": _ms(p99.group(1)),
+        "requests": int(total.group(1)),
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": sum(int(x) for x in sock.groups()) if sock else 0,
+    }
+
+
+class LoadGenerator:
+    def __init__(self, tool: str, pinning: Pinning, tmp: Path) -> None:
+        self.tool = tool  # "wrk" path or "python"
+        self.pinning = pinning
+        self.tmp = tmp
+
+    @property
+    def label(self) -> str:
+        return "wrk" if self.tool != "python" else "python"
+
+    def _script(self, target: Target) -> list[str]:
+        """A wrk Lua script for anything but a plain GET."""
+        if target.method == "GET" and target.body is None:
+            return []
+        body_file = self.tmp / f"{target.name}.body"
+        body_file.write_bytes(target.body or b"")
+        script = self.tmp / f"{target.name}.lua"
+        lines = [
+            f'wrk.method = "{target.method}"',
+            f'local f = assert(io.open("{body_file}", "rb"))',
+            'wrk.body = f:read("*a")',
+            "f:close()",
+        ]
+        if target.content_type:
+            lines.append(f'wrk.headers["Content-Type"] = "{target.content_type}"')
+        script.write_text("\n".join(lines) + "\n")
+        return ["-s", str(script)]
+
+    def run(self, target: Target, connections: int, seconds: int) -> dict[str, Any]:
+        if not target.url.startswith(f"http://{LOOPBACK}:"):
+            raise BenchError(f"refusing to load anything but {LOOPBACK}: {target.url}")
+        prefix = self.pinning.prefix(self.pinning.client_cpu)
+        header = f"Authorization: {target.authorization}"
+        if self.tool != "python":
+            argv = [
+                *prefix,
+                self.tool,
+                "-t1",
+                f"-c{connections}",
+                f"-d{seconds}s",
+                "--latency",
+                "--timeout",
+                "10s",
+                "-H",
+                header,
+                *self._script(target),
+                target.url,
+            ]
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=seconds + 60, preexec_fn=_PREEXEC
+            )
+            if proc.returncode != 0:
+                raise BenchError(f"wrk failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+            return parse_wrk(proc.stdout)
+        argv = [
+            *prefix,
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            "--url",
+            target.url,
+            "-c",
+            str(connections),
+            "-d",
+            str(seconds),
+            "-H",
+            header,
+            "--method",
+            target.method,
+        ]
+        if target.body is not None:
+            body_file = self.tmp / f"{target.name}.body"
+            body_file.write_bytes(target.body)
+            argv += ["--body-file", str(body_file)]
+        if target.content_type:
+            argv += ["-H", f"Content-Type: {target.content_type}"]
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            cwd=ROOT,
+            preexec_fn=_PREEXEC,
+        )
+        if proc.returncode != 0:
+            raise BenchError(f"bench.loadgen failed ({proc.returncode}):\n{proc.stderr}")
+        data = json.loads(proc.stdout)
+        data["socket_errors"] = data.pop("errors")
+        return data
+
+
+def check_once(target: Target) -> None:
+    """One request before measuring: a 2xx and the upstream's body, or stop."""
+    req = urllib.request.Request(target.url, method=target.method, data=target.body)
+    req.add_header("Authorization", target.authorization)
+    if target.content_type:
+        req.add_header("Content-Type", target.content_type)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
+            status, body, headers = resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as err:
+        raise BenchError(
+            f"{target.name}: the check call answered {err.code}, not 2xx; the bench would "
+            f"measure errors:\n{err.read()[:2000].decode(errors='replace')}"
+        ) from None
+    if not 200 <= status < 300:
+        raise BenchError(f"{target.name}: the check call answered {status}, not 2xx")
+    if target.expect_body is not None and body != target.expect_body:
+        raise BenchError(f"{target.name}: unexpected body from the check call: {body[:300]!r}")
+    if target.kind == "capgate" and not headers.get("X-Request-Id"):
+        raise BenchError(f"{target.name}: the answer has no X-Request-Id; is this capgate?")
+
+
+def measure(
+    gen: LoadGenerator, target: Target, connections: int, seconds: int, log: Callable[[str], None]
+) -> Result:
+    warm = gen.run(target, connections, WARMUP_SECONDS)
+    cpu0, t0 = cpu_seconds(target.pid), time.monotonic()
+    data = gen.run(target, connections, seconds)
+    cpu1, t1 = cpu_seconds(target.pid), time.monotonic()
+    cpu_pct = cpu_us = None
+    if cpu0 is not None and cpu1 is not None and data["requests"]:
+        # wrk's own start and stop are inside t1 - t0; its run time is requests / rps.
+        wall = data["requests"] / data["rps"] if data["rps"] else t1 - t0
+        cpu_pct = 100.0 * (cpu1 - cpu0) / wall
+        cpu_us = 1e6 * (cpu1 - cpu0) / data["requests"]
+    for phase, d in (("warm-up", warm), ("measurement", data)):
+        if d["non2xx"]:
+            raise BenchError(
+                f"{target.name} answered {d['non2xx']} non-2xx responses of {d['requests']} "
+                f"during the {phase} at {connections} connections: the bench would measure "
+                "errors, not calls. Stopping."
+            )
+    if data["socket_errors"]:
+        log(f"  warning: {target.name} c={connections}: {data['socket_errors']} socket errors")
+    return Result(
+        target=target.name,
+        kind=target.kind,
+        connections=connections,
+        rps=data["rps"],
+        p50_ms=data["p50_ms"],
+        p99_ms=data["p99_ms"],
+        requests=data["requests"],
+        non2xx=data["non2xx"],
+        socket_errors=data["socket_errors"],
+        tool=gen.label,
+        server_cpu_pct=cpu_pct,
+        server_cpu_us_per_req=cpu_us,
+    )
+
+
+# --- environment report -----------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    import aiohttp
+    import aiohttp.http_parser as hp
+    import aiohttp.http_writer as hw
+    import multidict
+    import yarl
+
+    parser_c = getattr(hp, "HttpRequestParserC", None)
+    writer_c = getattr(hw, "_c_serialize_headers", None)
+    try:
+        import yarl._quoting as yq
+
+        yarl_c = yq._Quoter.__module__.endswith("_c")
+    except (ImportError, AttributeError):
+        yarl_c = False
+    return {
+        "python": sys.version.split()[0],
+        "implementation": sys.implementation.name,
+        "executable": sys.executable,
+        "aiohttp": aiohttp.__version__,
+        "aiohttp_c_parser": parser_c is not None and hp.HttpRequestParser is parser_c,
+        "aiohttp_c_writer": writer_c is not None and hw._serialize_headers is writer_c,
+        "aiohttp_no_extensions_env": bool(os.environ.get("AIOHTTP_NO_EXTENSIONS")),
+        "multidict": multidict.__version__,
+        "multidict_c": multidict.CIMultiDict.__module__ == "multidict._multidict",
+        "yarl": yarl.__version__,
+        "yarl_c": yarl_c,
+        "event_loop": "asyncio (default; capgate does not install uvloop)",
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def _fmt_table(results: Sequence[Result]) -> list[str]:
+    head = (
+        f"{'target':<22} {'conns':>5} {'req/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'requests':>9}"
+        f" {'srv CPU%':>9} {'srv CPU us/req':>15}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        pct = f"{r.server_cpu_pct:.0f}" if r.server_cpu_pct is not None else "-"
+        per = f"{r.server_cpu_us_per_req:.0f}" if r.server_cpu_us_per_req is not None else "-"
+        lines.append(
+            f"{r.target:<22} {r.connections:>5} {r.rps:>10.1f} {r.p50_ms:>9.3f} "
+            f"{r.p99_ms:>9.3f} {r.requests:>9} {pct:>9} {per:>15}"
+        )
+    lines.append(
+        "srv CPU: CPU time of the process under test during the measurement (the upstream for"
+        " 'direct'); ~100% means it was CPU-bound, less means it waited (or was starved by"
+        " other load on the machine)."
+    )
+    return lines
+
+
+def ratios(results: Sequence[Result], connections: Sequence[int]) -> list[dict[str, Any]]:
+    by = {(r.target, r.connections): r for r in results}
+    hi, lo = max(connections), min(connections)
+    out: list[dict[str, Any]] = []
+    bare_hi, bare_lo = by.get(("bare-proxy", hi)), by.get(("bare-proxy", lo))
+    for name in dict.fromkeys(r.target for r in results if r.kind == "capgate"):
+        cap_hi, cap_lo = by.get((name, hi)), by.get((name, lo))
+        if cap_hi and bare_hi:
+            pct = 100.0 * cap_hi.rps / bare_hi.rps if bare_hi.rps else 0.0
+            out.append(
+                {
+                    "name": f"{name} req/s as % of bare proxy @{hi} conns",
+                    "value": round(pct, 1),
+                    "unit": "%",
+                    "target": f">= {TARGET_THROUGHPUT_PCT:g}%",
+                    "verdict": "PASS" if pct >= TARGET_THROUGHPUT_PCT else "MISS",
+                    "detail": f"{cap_hi.rps:.0f} / {bare_hi.rps:.0f} req/s",
+                }
+            )
+            cap_cpu, bare_cpu = cap_hi.server_cpu_us_per_req, bare_hi.server_cpu_us_per_req
+            if cap_cpu and bare_cpu:
+                # Less sensitive to other load on the machine than req/s: CPU per call.
+                out.append(
+                    {
+                        "name": f"{name} CPU/req: bare proxy as % of {name} @{hi} conns",
+                        "value": round(100.0 * bare_cpu / cap_cpu, 1),
+                        "unit": "%",
+                        "target": "(info: req/s % if both had a CPU to themselves)",
+                        "verdict": "",
+                        "detail": f"{bare_cpu:.0f} / {cap_cpu:.0f} us CPU per request",
+                    }
+                )
+        if cap_lo and bare_lo:
+            added = cap_lo.p50_ms - bare_lo.p50_ms
+            out.append(
+                {
+                    "name": f"{name} p50 - bare proxy p50 @{lo} conn",
+                    "value": round(added, 3),
+                    "unit": "ms",
+                    "target": f"<= {TARGET_ADDED_P50_MS:g} ms",
+                    "verdict": "PASS" if added <= TARGET_ADDED_P50_MS else "MISS",
+                    "detail": f"{cap_lo.p50_ms:.3f} - {bare_lo.p50_ms:.3f} ms",
+                }
+            )
+    direct_lo = by.get(("direct", lo))
+    if bare_lo and direct_lo:
+        out.append(
+            {
+                "name": f"bare proxy p50 - direct p50 @{lo} conn",
+                "value": round(bare_lo.p50_ms - direct_lo.p50_ms, 3),
+                "unit": "ms",
+                "target": "(info: the cost of any Python proxy hop)",
+                "verdict": "",
+                "detail": f"{bare_lo.p50_ms:.3f} - {direct_lo.p50_ms:.3f} ms",
+            }
+        )
+    if bare_hi and (d := by.get(("direct", hi))):
+        out.append(
+            {
+                "name": f"bare proxy req/s as % of direct @{hi} conns",
+                "value": round(100.0 * bare_hi.rps / d.rps, 1) if d.rps else 0.0,
+                "unit": "%",
+                "target": "(info)",
+                "verdict": "",
+                "detail": f"{bare_hi.rps:.0f} / {d.rps:.0f} req/s",
+            }
+        )
+    return out
+
+
+def _audit_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    env = environment()
+    log(
+        f"capgate bench: python {env['python']} ({env['implementation']}), "
+        f"aiohttp {env['aiohttp']}, multidict {env['multidict']}, yarl {env['yarl']}"
+    )
+    log(
+        f"  aiohttp C extensions: http parser {_yes(env['aiohttp_c_parser'])}, "
+        f"header writer {_yes(env['aiohttp_c_writer'])}"
+        + (" (AIOHTTP_NO_EXTENSIONS is set)" if env["aiohttp_no_extensions_env"] else "")
+        + f"; multidict C {_yes(env['multidict_c'])}; yarl C {_yes(env['yarl_c'])}"
+    )
+    log(
+        f"  event loop: {env['event_loop']}; CPUs: {env['cpus']}; "
+        f"load average at start: {env['loadavg_at_start']}"
+    )
+
+    if env["loadavg_at_start"][0] > 0.5:
+        log(
+            f"  WARNING: the machine is busy (1-min load {env['loadavg_at_start'][0]}); other "
+            "processes compete for the CPUs, so req/s and latencies are noisy. The 'srv CPU "
+            "us/req' column is less affected."
+        )
+    pinning = Pinning.detect(enabled=not args.no_pin)
+    for line in pinning.describe():
+        log(line)
+    wrk = shutil.which("wrk")
+    if args.loadgen == "wrk" and wrk is None:
+        raise BenchError("--loadgen wrk: wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
+    if args.loadgen == "python" or wrk is None:
+        tool = "python"
+        why = "forced by --loadgen python" if args.loadgen == "python" else "wrk not found"
+        log(
+            f"load generator: bench.loadgen (asyncio, raw sockets, keep-alive) -- {why}; "
+            "it saturates far below wrk, so high-connection req/s are floors"
+        )
+    else:
+        tool = wrk
+        log(
+            f"load generator: {wrk} -t1 (one thread), {WARMUP_SECONDS}s warm-up then "
+            f"{args.duration}s per measurement"
+        )
+    conns: list[int] = args.connections
+
+    tmp = Path(tempfile.mkdtemp(prefix="capgate-bench-"))
+    procs = Processes(tmp)
+    gen = LoadGenerator(tool, pinning, tmp)
+    results: list[Result] = []
+    notes: list[str] = []
+    try:
+        ws = prepare_workspace(tmp / "ws")
+        _, up = procs.start(
+            "upstream",
+            [sys.executable, "-m", "bench.upstream", "--port", "0"],
+            env={"BENCH_UPSTREAM_TOKEN": ws.metrics_token},
+            prefix=pinning.prefix(pinning.client_cpu),
+            ready="bench-upstream",
+        )
+        upstream_url, upstream_pid = up["url"], int(up["pid"])
+        ctx = Context(tmp=tmp, procs=procs, pinning=pinning, upstream_url=upstream_url, ws=ws)
+        log(f"upstream: {upstream_url} (pid {upstream_pid}, checks the bearer credential)")
+
+        def run_target(target: Target) -> None:
+            check_once(target)
+            for c in conns:
+                r = measure(gen, target, c, args.duration, log)
+                procs.check_alive()
+                log(
+                    f"  {target.name:<20} c={c:<3} {r.rps:>9.1f} req/s  p50 {r.p50_ms:.3f} ms"
+                    f"  p99 {r.p99_ms:.3f} ms"
+                )
+                results.append(r)
+
+        # direct: the upstream itself, moved to the server CPU while it is the target.
+        pinning.move(upstream_pid, pinning.server_cpu)
+        try:
+            run_target(
+                Target(
+                    "direct",
+                    "direct",
+                    upstream_url + UPSTREAM_PATH,
+                    f"Bearer {ws.metrics_token}",
+                    upstream_pid,
+                )
+            )
+        finally:
+            pinning.move(upstream_pid, pinning.client_cpu)
+
+        bare, ready = procs.start(
+            "bare-proxy",
+            [sys.executable, "-m", "bench.bare_proxy", "--upstream", upstream_url, "--port", "0"],
+            prefix=pinning.prefix(pinning.server_cpu),
+            ready="bench-bare-proxy",
+        )
+        log(f"bare proxy: {ready['url']} (pid {bare.pid})")
+        run_target(
+            Target(
+                "bare-proxy",
+                "bare",
+                ready["url"] + UPSTREAM_PATH,
+                f"Bearer {ws.metrics_token}",
+                bare.pid,
+            )
+        )
+        procs.stop(bare)
+
+        wanted = set(args.scenarios) if args.scenarios else None
+        for sc in SCENARIOS:
+            if wanted is not None and sc.name not in wanted:
+                continue
+            if sc.setup is not None:
+                sc.setup(ctx)
+            sdir = tmp / sc.name
+            sdir.mkdir()
+            policy = sdir / "policy.yaml"
+            policy.write_text(sc.policy(ctx))
+            sws = dataclasses.replace(ws, policy=policy)
+            audit = sdir / "audit.jsonl"
+            argv = [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                *sws.serve_args(0, audit),
+                "--shutdown-grace",
+                "2s",
+                *sc.serve_args(ctx),
+            ]
+            cap, ready = procs.start(
+                sc.name,
+                argv,
+                env={**ws.environ(), **sc.env(ctx)},
+                prefix=pinning.prefix(pinning.server_cpu),
+                ready="capgate",
+            )
+            log(
+                f"{sc.name}: {ready['url']} (pid {cap.pid}, state {ready.get('state')}) "
+                f"-- {sc.description}"
+            )
+            token = sws.token(sc.agent, list(sc.roles), ttl=1800, run="bench")
+            target = Target(
+                sc.name,
+                "capgate",
+                ready["url"] + sc.path,
+                f"Bearer {token}",
+                cap.pid,
+                method=sc.method,
+                body=sc.body,
+                content_type=sc.content_type,
+                expect_body=sc.expect_body,
+            )
+            try:
+                run_target(target)
+            except BenchError as exc:
+                raise BenchError(
+                    f"{exc}\n--- {sc.name} stderr (tail) ---\n{cap.stderr_tail()}"
+                ) from None
+            code = procs.stop(cap)
+            served = sum(r.requests for r in results if r.target == sc.name)
+            lines = _audit_lines(audit)
+            notes.append(
+                f"{sc.name}: exit status {code}; audit lines {lines} "
+                f"(measured requests {served}, plus warm-ups and the check call)"
+            )
+            if lines < served:
+                raise BenchError(f"{sc.name}: {lines} audit lines for {served} requests")
+    finally:
+        procs.stop_all()
+        if args.keep_tmp:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    log("")
+    for line in _fmt_table(results):
+        log(line)
+    rats = ratios(results, conns)
+    log("")
+    for r in rats:
+        log(
+            f"{r['verdict'] or 'info':<5} {r['name']:<48} {r['value']:>8} {r['unit']:<3} "
+            f"target {r['target']:<10}  ({r['detail']})"
+        )
+    for n in notes:
+        log(f"note: {n}")
+    env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    log(f"load average at start {env['loadavg_at_start']}, at end {env['loadavg_at_end']}")
+    return {
+        "environment": env,
+        "pinning": dataclasses.asdict(pinning),
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": WARMUP_SECONDS,
+            "connections": conns,
+            "loadgen": gen.label,
+        },
+        "results": [dataclasses.asdict(r) for r in results],
+        "ratios": rats,
+        "notes": notes,
+    }
+
+
+def _connections(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected e.g. 1,32") from None
+    if not values or any(v < 1 or v > 10000 for v in values):
+        raise argparse.ArgumentTypeError("expected positive connection counts, e.g. 1,32")
+    return sorted(set(values))
+
+
+def _duration(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds, e.g. 5") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("expected 1-3600 seconds")
+    return max(1, math.ceil(value))  # wrk takes whole seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        help="seconds per measurement (default 5; 2 with --quick)",
+    )
+    p.add_argument(
+        "--connections",
+        type=_connections,
+        default=[1, 32],
+        help="comma-separated connection counts (default 1,32)",
+    )
+    p.add_argument("--quick", action="store_true", help="2 s measurements")
+    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument(
+        "--scenarios",
+        type=lambda s: [x for x in s.split(",") if x],
+        help=f"capgate scenarios to run (default all: {','.join(s.name for s in SCENARIOS)})",
+    )
+    p.add_argument(
+        "--loadgen",
+        choices=("auto", "wrk", "python"),
+        default="auto",
+        help="wrk when installed (auto), or the Python fallback",
+    )
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs, audit)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.duration is None:
+        args.duration = 2 if args.quick else 5
+    known = {s.name for s in SCENARIOS}
+    if args.scenarios and (unknown := set(args.scenarios) - known):
+        build_parser().error(f"unknown scenarios {sorted(unknown)}; known: {sorted(known)}")
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    # Also when started in the background by a shell, which starts it with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        report = run_bench(args, log)
+    except KeyboardInterrupt:
+        print("bench: interrupted; every process it started has been stopped", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"bench: FAILED: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        log(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,10 +26,18 @@ def _last_line(path: Path) -> bytes | None:
             end = fh.tell()
             if end == 0:
                 return None
-            pos = max(0, end - 65536)
-            fh.seek(pos)
-            lines = fh.read().splitlines()
-            return lines[-1] if lines else None
+            # Read backwards until the whole last line is in hand: one 64 KiB read used to
+            # cut a longer line, so a reopened trail chained to half a line.
+            pos, data = end, b""
+            while pos > 0:
+                step = min(65536, pos)
+                pos -= step
+                fh.seek(pos)
+                data = fh.read(step) + data
+                if b"\n" in data.rstrip(b"\n"):
+                    break
+            last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            return last or None
     except FileNotFoundError:
         return None
 

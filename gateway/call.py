@@ -48,6 +48,7 @@ class Call:
     response_bytes: int = 0
     error: GatewayError | None = None
     revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    state_error: GatewayError | None = None  # the state store could not answer (fail closed)
     streaming: bool = False  # the response's head was sent to the agent
 
     @property

@@ -206,11 +206,12 @@ class Limiter:
         if rate is not None:
             got = await store.take(rate_key(agent, rule_id), rate)
             if not got.allowed:
+                headers = retry_after_header(got.retry_after)
                 raise RateLimited(
                     f"the rate of {rate} for rule '{rule_id}' is used up for this agent; "
-                    f"retry in {math.ceil(got.retry_after)} s",
+                    f"retry in {headers['Retry-After']} s",
                     rule=rule_id,
-                    headers=retry_after_header(got.retry_after),
+                    headers=headers,
                 )
         if run is None:
             return

@@ -20,7 +20,7 @@ from aiohttp import web
 from gateway.call import Call
 from gateway.errors import GatewayError, InternalError, TokenRevoked
 from gateway.stages.audit import audit
-from gateway.stages.authenticate import authenticate
+from gateway.stages.authenticate import authenticate, check_revoked
 from gateway.stages.dispatch import dispatch
 from gateway.stages.inject import inject
 from gateway.stages.match_policy import match_policy
@@ -68,10 +68,7 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
             gw.inflight.add(call, task)
             try:
                 # A revocation that arrived since the token was checked still stops the call.
-                assert call.claims is not None
-                kind = gw.state.is_revoked(call.claims.jti, call.claims.agent, call.claims.run)
-                if kind is not None:
-                    raise TokenRevoked(f"this token's {kind} has been revoked")
+                check_revoked(call, gw)
                 await dispatch(call, gw)
             except GatewayError as exc:
                 call.error = exc

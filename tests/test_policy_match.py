@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from gateway.errors import NoRule, QueryInvalid, Reason
+from gateway.errors import NoRule, QueryInvalid, Reason, ToolDenied
 from gateway.policy.model import Constraint, Match, Policy
 from gateway.target import parse_target
 from tests.helpers_core import policy_from_text
@@ -481,13 +481,16 @@ def test_tool_rules(policy: Policy) -> None:
     kw: dict[str, Any] = {"roles": ("mcp-user",), "method": "POST"}
     assert match(policy, "/mcp/mcp", tool="search", **kw).rule.id == "mcp-search"
     # A tool call needs a rule naming that tool: the tool-less rule does not allow it.
-    err = no_rule(policy, "/mcp/mcp", tool="delete", **kw)
-    assert "the tool 'delete'" in err.detail
+    with pytest.raises(ToolDenied) as info:
+        match(policy, "/mcp/mcp", tool="delete", **kw)
+    assert info.value.reason is Reason.TOOL_DENIED and info.value.status == 403
+    assert "the tool 'delete'" in info.value.detail
     # A protocol message (no tool) is allowed by any rule on the endpoint.
     assert match(policy, "/mcp/mcp", tool=None, **kw).rule.id == "mcp-search"
     caps = frozenset({"mcp-any"})
     assert match(policy, "/mcp/mcp", tool=None, caps=caps, **kw).rule.id == "mcp-any"
-    no_rule(policy, "/mcp/mcp", tool="search", caps=caps, **kw)
+    with pytest.raises(ToolDenied):
+        match(policy, "/mcp/mcp", tool="search", caps=caps, **kw)
 
 
 # --- Constraint.violation directly ------------------------------------------------------------

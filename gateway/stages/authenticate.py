@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.errors import TokenInvalid, TokenMissing, TokenRevoked
+from gateway.errors import StateUnavailable, TokenInvalid, TokenMissing, TokenRevoked
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -23,9 +23,22 @@ async def authenticate(call: Call, gw: Gateway) -> None:
     token = token.strip(" ")
     if not token or " " in token:
         raise TokenInvalid("the Bearer token is empty or contains spaces")
-    claims = gw.verifier.verify(token)
-    # Checked on every call, also for cached verdicts: a local mirror, no round trip.
-    kind = gw.state.is_revoked(claims.jti, claims.agent, claims.run)
+    call.claims = gw.verifier.verify(token)
+    check_revoked(call, gw)
+
+
+def check_revoked(call: Call, gw: Gateway) -> None:
+    """Revocation, on every call (cached verdicts too): a local mirror, no round trip.
+
+    When the store cannot vouch for its mirror, the error is kept on the call, not raised:
+    ``match_policy`` raises it unless the matched rule says ``on_state_error: allow``.
+    """
+    claims = call.claims
+    assert claims is not None
+    try:
+        kind = gw.state.is_revoked(claims.jti, claims.agent, claims.run)
+    except StateUnavailable as exc:
+        call.state_error = exc
+        return
     if kind is not None:
         raise TokenRevoked(f"this token's {kind} has been revoked")
-    call.claims = claims

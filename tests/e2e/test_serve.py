@@ -41,7 +41,8 @@ class Served:
             with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback)
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+            with err:
+                return err.code, json.loads(err.read())
 
 
 def start_capgate(args: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:

@@ -39,7 +39,7 @@ async def test_health_reports_reachable(store: StateStore, backend: str) -> None
     assert isinstance(health["detail"], str) and health["detail"]
 
 
-async def test_calls_before_start_and_after_close_fail_closed(store_url: str, backend: str) -> None:
+async def test_calls_before_start_and_after_close_fail_closed(store_url: str) -> None:
     store = open_store(store_url)
     rate = parse_rate("5/second")
     with pytest.raises(StateUnavailable):

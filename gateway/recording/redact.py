@@ -1,0 +1,610 @@
+"""Redaction: what never reaches a recording, decided in one place.
+
+Every record passes through ``RecordingWriter.append`` (``format.py``), which calls the one
+``Redactor`` below on every header, body and target before a byte is written. Three layers,
+applied in a single pass over each value:
+
+1. **Provenance.** The credential the gateway injected into this call is known exactly (the
+   ``Injection`` of the ``UpstreamRequest``), so it is removed wherever it appears, whatever
+   it looks like: the header that carries it becomes ``{"secret": "<name>"}``, and its value
+   anywhere else (another header, a request or response body, the target, JSON-escaped or
+   percent-encoded) becomes ``[secret:<name>]``. The name is ``Injection.name``
+   (``"<upstream>:<type>"``), so a reader knows which credential was there, never its value.
+2. **Names.** Headers in ``SENSITIVE_HEADERS`` become ``{"redacted": "header"}``; in JSON
+   bodies, every string or number under a key in ``SENSITIVE_KEYS`` (at any depth,
+   case-insensitive, ``-`` and ``_`` alike, plus the suffixes in ``SENSITIVE_KEY_SUFFIXES``)
+   becomes ``"[redacted:key]"``; in query strings and form bodies, ``name=value`` pairs with
+   such a name become ``name=[redacted:key]``.
+3. **Shapes.** ``SCANNERS`` find token-like values anywhere (JWTs, PEM private keys, cloud
+   and SaaS keys, high-entropy ``Bearer``/``Basic`` credentials) and replace them with
+   ``[redacted:<kind>]``.
+
+Markers are plain text, so a redacted JSON body stays JSON, and redaction is a pure function
+of its input: the replay side redacts an incoming call the same way before computing its
+key, so a call whose body held a password still matches its recording.
+
+``lint(directory)`` re-reads every byte of a recording (manifest, run files, blobs, and the
+decoded form of base64 bodies) and reports whatever still looks secret, as ``Finding``s
+with file, line and kind; ``capgate recording lint`` fails on any.
+
+Known limits, on purpose: a secret the gateway did not inject and that has no telling name
+or shape (a random string under an innocent key) cannot be recognised; values under
+sensitive keys are redacted in JSON bodies only up to ``STRUCTURED_LIMIT`` bytes (larger
+bodies get provenance and shape redaction, streamed).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from gateway.credentials import Injection
+
+HeaderValue = str | dict[str, str]
+"""A recorded header value: the text, or a marker ``{"secret": name}`` / ``{"redacted": kind}``."""
+
+SENSITIVE_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "authentication",
+        "cookie",
+        "set-cookie",
+        "set-cookie2",
+        "x-api-key",
+        "api-key",
+        "apikey",
+        "x-auth-token",
+        "x-access-token",
+        "x-refresh-token",
+        "x-session-token",
+        "x-csrf-token",
+        "x-xsrf-token",
+        "x-amz-security-token",
+        "x-goog-api-key",
+        "x-vault-token",
+        "private-token",
+        "x-upstream-token",
+    }
+)
+"""Header names (lower-case) whose whole value is never written."""
+
+SENSITIVE_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "auth_token",
+        "session_token",
+        "client_secret",
+        "private_key",
+        "secret_key",
+        "aws_secret_access_key",
+        "authorization",
+        "cookie",
+        "credential",
+        "credentials",
+    }
+)
+"""Body and query keys (normalised: lower-case, ``-`` as ``_``) whose values are never written."""
+
+SENSITIVE_KEY_SUFFIXES = ("_password", "_secret", "_token", "_api_key", "_apikey", "_private_key")
+"""A key ending in one of these is sensitive too (``db_password``, ``github_token``)."""
+
+NOT_SENSITIVE_KEYS = frozenset(
+    {"page_token", "next_page_token", "prev_page_token", "continuation_token", "sync_token",
+     "max_token", "csrf_token_name"}
+)
+"""Keys that end like secrets but name pagination cursors or limits; left as they are."""
+
+STRUCTURED_LIMIT = 16 * 1024 * 1024
+"""Bodies up to this size are redacted whole, in memory, with JSON key redaction; larger
+ones are streamed through provenance and shape redaction in windows."""
+
+WINDOW = 1024 * 1024
+OVERLAP = 64 * 1024  # longer than any pattern below can match (PEM bodies are capped at 16 KiB)
+
+BEARER_MIN_ENTROPY = 3.0  # bits per character; random tokens are ~4.5-6, words ~2.5-3.5
+
+# Token shapes, most specific first. Each is one alternative of a combined regex; groups named
+# ``inner`` (through their kind-specific name) mark the part to replace when the match also
+# holds a prefix that stays (``Bearer ``, ``password=``).
+SCANNERS: tuple[tuple[str, bytes], ...] = (
+    ("jwt", rb"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
+    (
+        "pem",
+        rb"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        rb"(?:[\s\S]{0,16384}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        rb"|[A-Za-z0-9+/=\s\\:,-]{0,16384})",
+    ),
+    ("aws_access_key", rb"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b"),
+    ("github_token", rb"\bgh[pousr]_[A-Za-z0-9]{36,255}\b|\bgithub_pat_[A-Za-z0-9_]{22,255}\b"),
+    ("slack_token", rb"\bxox[abposr]-[A-Za-z0-9-]{10,250}"),
+    ("stripe_key", rb"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,247}\b"),
+    ("openai_key", rb"\bsk-(?:proj-|ant-[a-z0-9]{2,8}-)?[A-Za-z0-9_-]{20,200}"),
+    ("google_api_key", rb"\bAIza[0-9A-Za-z_-]{35}\b"),
+    ("bearer", rb"(?i:\bbearer)[ \t]+(?P<bearer_inner>[A-Za-z0-9._~+/-]{16,4096}=*)"),
+    ("basic", rb"(?i:\bbasic)[ \t]+(?P<basic_inner>[A-Za-z0-9+/]{6,4096}={0,2})"),
+)
+
+JSON_VALUE = "\x00json"  # the literal's name for values found under sensitive JSON keys
+
+_KIND_NAMES = {name: name.replace("_", "-") for name, _ in SCANNERS}
+
+
+def normalise_key(key: str) -> str:
+    return key.lower().replace("-", "_")
+
+
+def is_sensitive_key(key: str) -> bool:
+    k = normalise_key(key)
+    if k in NOT_SENSITIVE_KEYS:
+        return False
+    return k in SENSITIVE_KEYS or k.endswith(SENSITIVE_KEY_SUFFIXES)
+
+
+def _form_key_pattern() -> bytes:
+    names = sorted(SENSITIVE_KEYS, key=len, reverse=True)
+    alt = b"|".join(re.escape(n.encode()).replace(b"_", b"[_-]") for n in names)
+    suffix = b"|".join(re.escape(s.encode()).replace(b"_", b"[_-]") for s in SENSITIVE_KEY_SUFFIXES)
+    spared = b"|".join(re.escape(n.encode()).replace(b"_", b"[_-]") for n in NOT_SENSITIVE_KEYS)
+    # name=value in a query string or form body: the value runs to the next separator.
+    return (
+        rb"(?i:(?:(?<=[?&;\s,])|^)(?!(?:" + spared + rb")=)(?:" + alt + rb"|[A-Za-z0-9_-]{0,64}(?:" + suffix + rb")))"
+        rb"=(?P<form_inner>[^&\s\"';,<>]{1,4096})"
+    )
+
+
+_FORM_KEY = _form_key_pattern()
+
+
+def entropy(text: bytes) -> float:
+    """Shannon entropy in bits per character."""
+    if not text:
+        return 0.0
+    counts = Counter(text)
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _looks_like_basic(token: bytes) -> bool:
+    try:
+        decoded = base64.b64decode(token + b"=" * (-len(token) % 4), validate=True)
+    except ValueError:
+        return False
+    return b":" in decoded and all(32 <= b < 127 for b in decoded)
+
+
+def _looks_like_bearer(token: bytes) -> bool:
+    if token.startswith(b"[") or len(token) < 16:
+        return False
+    has_digit = any(48 <= b <= 57 for b in token)
+    has_alpha = any(65 <= b <= 90 or 97 <= b <= 122 for b in token)
+    return has_digit and has_alpha and entropy(token) >= BEARER_MIN_ENTROPY
+
+
+@dataclass(frozen=True, slots=True)
+class KnownSecret:
+    """A credential value known by provenance: the gateway put it into the call."""
+
+    name: str  # "<upstream>:<type>", as in Injection.name
+    value: str  # the bare secret
+    header: str | None = None  # the header the gateway put it in
+    header_value: str | None = None  # that header's whole value (prefix included)
+
+    @classmethod
+    def from_injection(cls, injection: Injection) -> KnownSecret:
+        return cls(
+            name=injection.name,
+            value=injection.secret.reveal(),
+            header=injection.header,
+            header_value=injection.value.reveal(),
+        )
+
+    def __repr__(self) -> str:  # never show the value, even in a test failure
+        return f"KnownSecret(name={self.name!r}, value='****')"
+
+    def literals(self) -> tuple[bytes, ...]:
+        """The byte forms the value may take in a body or URL: raw, JSON-escaped, %-encoded."""
+        raw = self.value.encode()
+        forms = {raw, json.dumps(self.value)[1:-1].encode(), quote(self.value, safe="").encode()}
+        if self.header_value:
+            forms.add(self.header_value.encode())
+        # Longest first, so a header value with its prefix wins over the bare secret.
+        return tuple(sorted((f for f in forms if len(f) >= 4), key=len, reverse=True))
+
+
+Span = tuple[int, int, int]
+"""(start, end) in the input and the length of what replaced it, for remapping offsets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redacted:
+    data: bytes
+    spans: tuple[Span, ...] | None  # None when the body had to be re-serialised (offsets lost)
+
+    @property
+    def changed(self) -> bool:
+        return self.spans is None or bool(self.spans)
+
+
+def remap_offsets(offsets: Sequence[int], spans: Sequence[Span]) -> list[int]:
+    """Move byte offsets of the input (chunk boundaries) to the redacted output."""
+    out: list[int] = []
+    for offset in offsets:
+        shift = 0
+        moved = offset
+        for start, end, new_len in spans:
+            if end <= offset:
+                shift += new_len - (end - start)
+            elif start < offset:  # inside a replaced span: move to its end
+                moved = start + (end - start)
+                shift += new_len - (end - start)
+            else:
+                break
+        out.append(moved + shift)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _combined(literals: tuple[tuple[str, bytes], ...], with_form: bool) -> re.Pattern[bytes]:
+    parts: list[bytes] = []
+    for i, (name, lit) in enumerate(literals):
+        # A value found under a sensitive JSON key is replaced in value position only (never
+        # where the same text is a key), quotes included.
+        tail = rb"(?!\s*:)" if name == JSON_VALUE else b""
+        parts.append(b"(?P<lit%d>" % i + re.escape(lit) + tail + b")")
+    for name, rx in SCANNERS:
+        parts.append(b"(?P<" + name.encode() + b">" + rx + b")")
+    if with_form:
+        parts.append(b"(?P<form_key>" + _FORM_KEY + b")")
+    return re.compile(b"|".join(parts))
+
+
+class Redactor:
+    """The three layers of redaction over headers, bodies and targets (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        sensitive_headers: frozenset[str] = SENSITIVE_HEADERS,
+        omit_headers: frozenset[str] = frozenset(),
+    ) -> None:
+        self.sensitive_headers = frozenset(h.lower() for h in sensitive_headers)
+        # Headers not written at all (e.g. ``date`` for a recording checked into a repository).
+        self.omit_headers = frozenset(h.lower() for h in omit_headers)
+
+    # -- the regex pass ----------------------------------------------------------------------
+
+    def _pattern(self, secrets: Sequence[KnownSecret], extra: Sequence[tuple[str, bytes]] = (),
+                 with_form: bool = True) -> tuple[re.Pattern[bytes], tuple[tuple[str, bytes], ...]]:
+        lits: list[tuple[str, bytes]] = [(s.name, f) for s in secrets for f in s.literals()]
+        lits.extend(extra)
+        # Longest first across all literals, so the longest form is replaced whole.
+        lits.sort(key=lambda item: len(item[1]), reverse=True)
+        key = tuple(lits)
+        return _combined(key, with_form), key
+
+    @staticmethod
+    def _replacement(m: re.Match[bytes], lits: tuple[tuple[str, bytes], ...]) -> tuple[int, int, bytes] | None:
+        group = m.lastgroup
+        assert group is not None
+        if group.startswith("lit"):
+            name = lits[int(group[3:])][0]
+            if name == JSON_VALUE:
+                return m.start(), m.end(), b'"[redacted:key]"'
+            return m.start(), m.end(), b"[secret:" + name.encode() + b"]"
+        if group == "form_key":
+            start, end = m.span("form_inner")
+            if m.group("form_inner").startswith(b"["):
+                return None
+            return start, end, b"[redacted:key]"
+        if group == "bearer":
+            start, end = m.span("bearer_inner")
+            if not _looks_like_bearer(m.group("bearer_inner")):
+                return None
+            return start, end, b"[redacted:bearer]"
+        if group == "basic":
+            start, end = m.span("basic_inner")
+            if not _looks_like_basic(m.group("basic_inner")):
+                return None
+            return start, end, b"[redacted:basic]"
+        return m.start(), m.end(), b"[redacted:" + _KIND_NAMES[group].encode() + b"]"
+
+    def _apply(self, data: bytes, pattern: re.Pattern[bytes], lits: tuple[tuple[str, bytes], ...],
+               final: bool = True) -> tuple[bytes, list[Span], int]:
+        """Replace every match; with ``final`` False, stop before a match that could still
+        grow past the end. Returns (output, spans, consumed input length)."""
+        out: list[bytes] = []
+        spans: list[Span] = []
+        pos = 0
+        limit = len(data) if final else max(len(data) - OVERLAP, 0)
+        for m in pattern.finditer(data):
+            if not final and m.end() > limit:
+                limit = min(limit, m.start())
+                break
+            rep = self._replacement(m, lits)
+            if rep is None:
+                continue
+            start, end, text = rep
+            out.append(data[pos:start])
+            out.append(text)
+            spans.append((start, end, len(text)))
+            pos = end
+        consumed = len(data) if final else max(limit, pos)
+        out.append(data[pos:consumed])
+        return b"".join(out), spans, consumed
+
+    # -- values ------------------------------------------------------------------------------
+
+    def text(self, value: str, secrets: Sequence[KnownSecret] = ()) -> str:
+        """A header value, target or any short string, with secrets replaced by markers."""
+        pattern, lits = self._pattern(secrets)
+        data, spans, _ = self._apply(value.encode("utf-8", "surrogateescape"), pattern, lits)
+        return data.decode("utf-8", "replace") if spans else value
+
+    def target(self, target: str, secrets: Sequence[KnownSecret] = ()) -> str:
+        return self.text(target, secrets)
+
+    def headers(
+        self, pairs: Iterable[tuple[str, str]], secrets: Sequence[KnownSecret] = ()
+    ) -> list[tuple[str, HeaderValue]]:
+        out: list[tuple[str, HeaderValue]] = []
+        for name, value in pairs:
+            low = name.lower()
+            if low in self.omit_headers:
+                continue
+            carried = next(
+                (s for s in secrets if s.header is not None and s.header.lower() == low
+                 and value in (s.header_value, s.value)),
+                None,
+            )
+            if carried is not None:
+                out.append((name, {"secret": carried.name}))
+            elif low in self.sensitive_headers:
+                out.append((name, {"redacted": "header"}))
+            else:
+                out.append((name, self.text(value, secrets)))
+        return out
+
+    def body(self, data: bytes, secrets: Sequence[KnownSecret] = ()) -> Redacted:
+        """A whole body (up to ``STRUCTURED_LIMIT``): provenance, JSON keys, form keys, shapes."""
+        if not data:
+            return Redacted(data, ())
+        doc: Any = None
+        is_json = False
+        if len(data) <= STRUCTURED_LIMIT and data.lstrip()[:1] in (b"{", b"["):
+            try:
+                doc = json.loads(data)
+                is_json = True
+            except (ValueError, RecursionError):
+                doc = None
+        extra: list[tuple[str, bytes]] = []
+        non_string = False
+        if is_json:
+            values, non_string = _sensitive_values(doc)
+            for v in values:
+                for form in {json.dumps(v).encode(), json.dumps(v, ensure_ascii=False).encode()}:
+                    extra.append((JSON_VALUE, form))
+        pattern, lits = self._pattern(secrets, extra)
+        out, spans, _ = self._apply(data, pattern, lits)
+        if is_json and (non_string or extra):
+            # Check the result: anything under a sensitive key not yet a marker (a number, or a
+            # string escaped another way) means re-serialising the document with it replaced.
+            try:
+                check = json.loads(out)
+            except (ValueError, RecursionError):
+                check = None
+            if check is None or _has_unredacted(check):
+                fixed = _redact_doc(doc)
+                text = json.dumps(fixed, ensure_ascii=False, separators=(",", ":")).encode()
+                again, _, _ = self._apply(text, pattern, lits)
+                return Redacted(again, None)
+        return Redacted(out, tuple(spans))
+
+    def stream(self, src: IO[bytes], dst: IO[bytes], secrets: Sequence[KnownSecret] = ()) -> list[Span]:
+        """Redact a body too large for memory, window by window (provenance and shapes).
+
+        A match is only replaced once everything after it that could extend it has been read,
+        so a token split across two windows is still found whole.
+        """
+        pattern, lits = self._pattern(secrets)
+        spans: list[Span] = []
+        carry = b""
+        base = 0  # input offset of carry[0]
+        while True:
+            block = src.read(WINDOW)
+            final = not block
+            data = carry + block
+            out, local, consumed = self._apply(data, pattern, lits, final=final)
+            dst.write(out)
+            spans.extend((base + s, base + e, n) for s, e, n in local)
+            carry = data[consumed:]
+            base += consumed
+            if final:
+                return spans
+
+    def scan(self, data: bytes, known: Sequence[KnownSecret] = ()) -> Iterator[tuple[int, str, bytes]]:
+        """(offset, kind, matched bytes) of everything secret-looking in ``data``."""
+        pattern, lits = self._pattern(known)
+        for m in pattern.finditer(data):
+            rep = self._replacement(m, lits)
+            if rep is None:
+                continue
+            group = m.lastgroup or ""
+            if group.startswith("lit"):
+                kind = "known-secret"
+            elif group == "form_key":
+                kind = "sensitive-key"
+            else:
+                kind = _KIND_NAMES.get(group, group)
+            yield rep[0], kind, data[rep[0] : rep[1]]
+
+
+DEFAULT_REDACTOR = Redactor()
+
+
+def _is_marker(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(("[redacted:", "[secret:")) and value.endswith("]")
+
+
+def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
+    """String values under sensitive keys (at any depth below one), and whether any
+    non-string scalar sits there too."""
+    found: set[str] = set()
+    non_string = False
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        item, under = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((v, under or is_sensitive_key(str(k))))
+        elif isinstance(item, list):
+            stack.extend((v, under) for v in item)
+        elif under:
+            if isinstance(item, str):
+                if item and not _is_marker(item):
+                    found.add(item)
+            elif isinstance(item, int | float) and not isinstance(item, bool):
+                non_string = True
+    return found, non_string
+
+
+def _has_unredacted(doc: Any) -> bool:
+    values, non_string = _sensitive_values(doc)
+    return bool(values) or non_string
+
+
+def _redact_doc(doc: Any, under: bool = False) -> Any:
+    if isinstance(doc, dict):
+        return {k: _redact_doc(v, under or is_sensitive_key(str(k))) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_redact_doc(v, under) for v in doc]
+    if under and (isinstance(doc, str) and doc or isinstance(doc, int | float)) and not isinstance(
+        doc, bool
+    ):
+        return doc if _is_marker(doc) else "[redacted:key]"
+    return doc
+
+
+# --- lint ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something secret-looking left in a recording."""
+
+    file: str  # relative to the recording directory
+    line: int  # 1-based; 0 when not line-based
+    kind: str  # jwt, pem, aws-access-key, ..., sensitive-header, sensitive-key, known-secret
+    preview: str  # a masked hint of what was found, never the value
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.kind}: {self.preview}"
+
+
+def mask(value: bytes | str) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return f"{text[:4]}... ({len(text)} chars)" if len(text) > 8 else f"({len(text)} chars)"
+
+
+def _line_of(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def _scan_bytes(rel: str, data: bytes, known: Sequence[KnownSecret], line: int | None = None) -> list[Finding]:
+    return [
+        Finding(rel, line if line is not None else _line_of(data, off), kind, mask(found))
+        for off, kind, found in DEFAULT_REDACTOR.scan(data, known)
+    ]
+
+
+def _walk_record(rel: str, line: int, record: Any, known: Sequence[KnownSecret]) -> list[Finding]:
+    """Structural checks of one run-file line: header markers, bodies decoded and scanned."""
+    findings: list[Finding] = []
+    if not isinstance(record, dict):
+        return findings
+    for part in ("request", "response"):
+        section = record.get(part)
+        if not isinstance(section, dict):
+            continue
+        for pair in section.get("headers") or ():
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str):
+                name, value = pair
+                if name.lower() in SENSITIVE_HEADERS and isinstance(value, str) and value:
+                    findings.append(Finding(rel, line, "sensitive-header", f"{name}: {mask(value)}"))
+        for key in ("body", "raw"):
+            body = section.get(key)
+            data: bytes | None = None
+            if isinstance(body, dict) and isinstance(body.get("base64"), str):
+                try:
+                    data = base64.b64decode(body["base64"], validate=True)
+                except ValueError:
+                    findings.append(Finding(rel, line, "corrupt-base64", f"{part}.{key}"))
+                    continue
+                findings.extend(_scan_bytes(rel, data, known, line))
+            elif isinstance(body, dict) and isinstance(body.get("text"), str):
+                data = body["text"].encode()
+            elif isinstance(body, str):
+                data = body.encode()
+            if data is not None and data.lstrip()[:1] in (b"{", b"["):
+                try:
+                    doc = json.loads(data)
+                except (ValueError, RecursionError):
+                    continue
+                values, non_string = _sensitive_values(doc)
+                if values or non_string:
+                    findings.append(Finding(rel, line, "sensitive-key", f"{part}.{key}"))
+    return findings
+
+
+def lint(directory: str | Path, known: Iterable[str] = ()) -> list[Finding]:
+    """Every byte of a recording checked for anything secret-looking.
+
+    ``known`` are exact values that must not appear (a test passes the workspace's
+    secrets). Files are read whole one at a time; blobs are scanned as bytes.
+    """
+    root = Path(directory)
+    secrets = [KnownSecret(name="known", value=v) for v in known if v]
+    findings: list[Finding] = []
+    if not root.is_dir():
+        return [Finding(str(root), 0, "not-a-recording", "not a directory")]
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            findings.append(Finding(rel, 0, "unreadable", exc.strerror or "cannot read"))
+            continue
+        findings.extend(_scan_bytes(rel, data, secrets))
+        if rel.endswith(".jsonl"):
+            lines = data.split(b"\n")
+            for i, raw in enumerate(lines, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    last = i == len(lines) and not data.endswith(b"\n")
+                    kind = "truncated-line" if last else "corrupt-line"
+                    findings.append(Finding(rel, i, kind, "not a complete JSON line"))
+                    continue
+                findings.extend(_walk_record(rel, i, record, secrets))
+    return findings

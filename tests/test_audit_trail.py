@@ -1,0 +1,191 @@
+"""The hash-chained audit file: append, verify, and every kind of tampering found."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from gateway.audit_trail import GENESIS, AuditTrail, ChainBreak, read_records, verify
+
+
+def write_trail(path: Path, n: int) -> list[bytes]:
+    trail = AuditTrail(path)
+    trail.open()
+    for i in range(n):
+        trail.append({"n": i, "decision": "allow" if i % 2 else "deny", "agent": f"a{i}"})
+    trail.close()
+    return path.read_bytes().splitlines()
+
+
+def rewrite(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+def test_append_writes_chained_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    lines = write_trail(path, 3)
+    assert len(lines) == 3
+    records = [json.loads(line) for line in lines]
+    assert [r["n"] for r in records] == [0, 1, 2]
+    assert records[0]["prev"] == GENESIS == "0" * 64
+    assert records[1]["prev"] == hashlib.sha256(lines[0]).hexdigest()
+    assert records[2]["prev"] == hashlib.sha256(lines[1]).hexdigest()
+    assert path.read_bytes().endswith(b"\n")
+    assert verify(path) == (3, None)
+    assert list(read_records(path)) == records
+
+
+def test_new_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "audit.jsonl"
+    write_trail(path, 1)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_lines_written_and_flush(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    trail.append({"x": 1})
+    trail.flush()
+    assert trail.lines_written == 1
+    assert verify(path) == (1, None)
+    trail.close()
+    trail.close()  # closing twice is harmless
+
+
+def test_no_path_means_no_audit(tmp_path: Path) -> None:
+    trail = AuditTrail(None)
+    trail.open()
+    trail.append({"x": 1})
+    trail.close()
+    assert trail.lines_written == 0
+
+
+def test_empty_file_verifies(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"")
+    assert verify(path) == (0, None)
+
+
+def test_reopen_continues_the_chain(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    write_trail(path, 3)
+    trail = AuditTrail(path)
+    trail.open()
+    trail.append({"n": "after-restart"})
+    trail.close()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 4
+    assert json.loads(lines[3])["prev"] == hashlib.sha256(lines[2]).hexdigest()
+    assert verify(path) == (4, None)
+
+
+def test_reopen_after_long_lines_continues_the_chain(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    trail.append({"big": "x" * 10_000})
+    trail.append({"big": "y" * 10_000})
+    trail.append({"big": "z" * 70_000})  # the last line, longer than one 64 KiB read
+    trail.close()
+    again = AuditTrail(path)
+    again.open()
+    again.append({"n": 4})
+    again.close()
+    assert verify(path) == (4, None)
+
+
+def test_edited_line_breaks_the_chain_at_the_next_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 5)
+    lines[1] = lines[1].replace(b'"decision":"allow"', b'"decision":"deny"')
+    rewrite(path, lines)
+    count, broken = verify(path)
+    # Line 2 itself still links to line 1; its new hash no longer matches line 3's "prev".
+    assert broken == ChainBreak(3, "hash chain broken: 'prev' does not match the line before")
+    assert count == 2
+
+
+def test_edited_prev_field_breaks_at_that_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 3)
+    record = json.loads(lines[1])
+    record["prev"] = "f" * 64
+    lines[1] = json.dumps(record, separators=(",", ":")).encode()
+    rewrite(path, lines)
+    assert verify(path) == (1, ChainBreak(2, "hash chain broken: 'prev' does not match the line before"))
+
+
+def test_deleted_line_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 5)
+    del lines[2]
+    rewrite(path, lines)
+    count, broken = verify(path)
+    assert broken is not None and broken.line == 3 and count == 2
+
+
+def test_deleted_first_line_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 3)
+    rewrite(path, lines[1:])
+    assert verify(path)[1] == ChainBreak(1, "hash chain broken: 'prev' does not match the line before")
+
+
+def test_reordered_lines_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 5)
+    lines[1], lines[3] = lines[3], lines[1]
+    rewrite(path, lines)
+    count, broken = verify(path)
+    assert broken is not None and broken.line == 2 and count == 1
+
+
+def test_inserted_line_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 3)
+    forged = json.dumps({"n": "forged", "prev": hashlib.sha256(lines[0]).hexdigest()}).encode()
+    lines.insert(1, forged)
+    rewrite(path, lines)
+    count, broken = verify(path)
+    assert broken is not None and broken.line == 3 and count == 2
+
+
+def test_blank_and_garbage_lines_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 3)
+    rewrite(path, [lines[0], b"", *lines[1:]])
+    assert verify(path) == (1, ChainBreak(2, "empty line"))
+    rewrite(path, [lines[0], b"{not json", *lines[1:]])
+    assert verify(path) == (1, ChainBreak(2, "not valid JSON"))
+    rewrite(path, [lines[0], b"[1, 2]", *lines[1:]])
+    assert verify(path)[1] is not None and verify(path)[1].line == 2  # type: ignore[union-attr]
+
+
+def test_values_are_json_encoded_safely(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    trail.append({"detail": "line\nbreak\r and \u2028", "path": Path("/x")})
+    trail.close()
+    (line,) = path.read_bytes().splitlines()
+    assert json.loads(line)["detail"] == "line\nbreak\r and \u2028"
+    assert json.loads(line)["path"] == "/x"
+    assert verify(path) == (1, None)
+
+
+def test_truncating_the_last_line_is_not_detected(tmp_path: Path) -> None:
+    # A known limit of a chain without an external anchor: the tail can be cut silently.
+    path = tmp_path / "a.jsonl"
+    lines = write_trail(path, 3)
+    rewrite(path, lines[:2])
+    assert verify(path) == (2, None)
+
+
+def test_missing_file_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        verify(tmp_path / "nope.jsonl")

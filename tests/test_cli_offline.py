@@ -1,0 +1,349 @@
+"""The ``capgate`` command, offline: keys, tokens, policy check/explain, audit verify, usage.
+
+Exit codes: 0 ok, 1 a negative verdict, 2 bad usage or configuration (one line on stderr,
+never a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.audit_trail import AuditTrail
+from gateway.cli import main
+from tests.helpers_core import FIXTURES, REPO, b64, unb64
+
+EXAMPLE = str(REPO / "policies" / "example.yaml")
+BAD = FIXTURES / "policies" / "bad"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    code = main(list(argv), env if env is not None else {})
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str, contains: str) -> str:
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("capgate: error: ")
+    assert contains in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    code, out, _ = run(capsys, "keys", "generate", "--dir", str(tmp_path / "keys"))
+    assert code == 0
+    key, jwks = tmp_path / "keys" / "signing-key.pem", tmp_path / "keys" / "jwks.json"
+    assert out.strip() == f"wrote {key} (mode 0600) and {jwks}"
+    return key, jwks
+
+
+def mint(capsys: pytest.CaptureFixture[str], key: Path, *extra: str) -> str:
+    code, out, err = run(capsys, "token", "mint", "--key", str(key), "--agent", "sre-bot",
+                         "--role", "sre-diagnostics", *extra)
+    assert code == 0 and err == ""
+    token = out.strip()
+    assert token.count(".") == 2
+    return token
+
+
+# --- keys and tokens ---------------------------------------------------------------------------
+
+
+def test_keys_generate(keys: tuple[Path, Path]) -> None:
+    key, jwks = keys
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    (jwk,) = json.loads(jwks.read_text())["keys"]
+    assert jwk["kty"] == "OKP" and "d" not in jwk
+
+
+def test_keys_generate_es256(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run(capsys, "keys", "generate", "--dir", str(tmp_path), "--algorithm", "ES256")
+    assert code == 0
+    (jwk,) = json.loads((tmp_path / "jwks.json").read_text())["keys"]
+    assert (jwk["kty"], jwk["crv"], jwk["alg"]) == ("EC", "P-256", "ES256")
+
+
+def test_token_mint_and_inspect_verified(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, jwks = keys
+    token = mint(capsys, key, "--role", "analyst", "--cap", "read-cpu", "--ttl", "2m", "--run", "run-1")
+    code, out, err = run(capsys, "token", "inspect", token, "--jwks", str(jwks))
+    assert code == 0 and err == ""
+    report = json.loads(out)
+    assert report["header"]["typ"] == "capgate+jwt" and report["header"]["alg"] == "EdDSA"
+    claims = report["claims"]
+    assert claims["sub"] == "sre-bot" and claims["roles"] == ["sre-diagnostics", "analyst"]
+    assert claims["caps"] == ["read-cpu"] and claims["run"] == "run-1"
+    assert claims["exp"] - claims["iat"] == 120
+    assert report["verdict"]["valid"] is True and report["verdict"]["agent"] == "sre-bot"
+    assert 100 <= report["verdict"]["expires_in_s"] <= 120
+
+
+def test_token_inspect_without_jwks_does_not_verify(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = mint(capsys, keys[0])
+    code, out, _ = run(capsys, "token", "inspect", token)
+    assert code == 0
+    assert json.loads(out)["verdict"] == {"valid": None, "detail": "not verified: pass --jwks to verify"}
+
+
+def test_token_inspect_tampered_exits_1(keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    key, jwks = keys
+    h, p, s = mint(capsys, key).split(".")
+    claims = json.loads(unb64(p))
+    claims["roles"] = ["admin"]
+    forged = f"{h}.{b64(json.dumps(claims).encode())}.{s}"
+    code, out, err = run(capsys, "token", "inspect", forged, "--jwks", str(jwks))
+    assert code == 1 and err == ""
+    report = json.loads(out)
+    assert report["claims"]["roles"] == ["admin"]  # shown, but ...
+    assert report["verdict"] == {
+        "valid": False, "reason": "token_invalid", "detail": "the token's signature does not verify",
+    }
+
+
+def test_token_inspect_other_keyset_exits_1(
+    keys: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = mint(capsys, keys[0])
+    run(capsys, "keys", "generate", "--dir", str(tmp_path / "other"))
+    code, out, _ = run(capsys, "token", "inspect", token, "--jwks", str(tmp_path / "other" / "jwks.json"))
+    assert code == 1
+    assert json.loads(out)["verdict"]["reason"] == "token_invalid"
+
+
+def test_token_inspect_wrong_audience_exits_1(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = mint(capsys, keys[0], "--audience", "elsewhere")
+    code, out, _ = run(capsys, "token", "inspect", token, "--jwks", str(keys[1]))
+    assert code == 1
+    assert "audience" in json.loads(out)["verdict"]["detail"]
+
+
+def test_token_inspect_garbage(keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "token", "inspect", "not-a-token", "--jwks", str(keys[1]))
+    assert code == 1
+    report = json.loads(out)
+    assert report["header"] is None and report["claims"] is None
+    assert report["verdict"]["valid"] is False
+
+
+def test_token_mint_long_ttl_is_refused_by_inspect(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = mint(capsys, keys[0], "--ttl", "2h")
+    code, out, _ = run(capsys, "token", "inspect", token, "--jwks", str(keys[1]))
+    assert code == 1 and "longer than" in json.loads(out)["verdict"]["detail"]
+
+
+# --- policy check -----------------------------------------------------------------------------------
+
+
+def test_policy_check_good(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "policy", "check", EXAMPLE)
+    assert code == 0 and err == ""
+    assert out.strip() == f"{EXAMPLE}: ok (3 upstreams, 1 roles, 3 rules)"
+
+
+def test_policy_check_bad_prints_file_line_col(capsys: pytest.CaptureFixture[str]) -> None:
+    path = BAD / "many_errors.yaml"
+    code, out, err = run(capsys, "policy", "check", str(path))
+    assert code == 1 and err == ""
+    lines = out.splitlines()
+    assert len(lines) == 9
+    assert all(line.startswith(f"{path}:") for line in lines)
+    assert lines[0] == f"{path}:2:10: version: unsupported version 3; expected 1"
+    assert any(":14:13: duplicate rule id 'read-cpu'" in line for line in lines)
+
+
+def test_policy_check_several_files(capsys: pytest.CaptureFixture[str]) -> None:
+    bad = BAD / "unknown_upstream.yaml"
+    code, out, _ = run(capsys, "policy", "check", EXAMPLE, str(bad))
+    assert code == 1
+    assert out.splitlines() == [
+        f"{EXAMPLE}: ok (3 upstreams, 1 roles, 3 rules)",
+        f"{bad}:8:19: unknown upstream 'logs'; defined upstreams: ['metrics']",
+    ]
+
+
+def test_policy_check_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "policy", "check", str(tmp_path / "nope.yaml"))
+    assert code == 1
+    assert out.startswith(f"{tmp_path / 'nope.yaml'}:1:1: cannot read file")
+
+
+# --- policy explain ---------------------------------------------------------------------------------
+
+
+def explain(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code, out, err = run(capsys, "policy", "explain", "--policy", EXAMPLE, *argv)
+    assert err == ""
+    return code, json.loads(out)
+
+
+def test_explain_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = explain(capsys, "--role", "sre-diagnostics", "GET",
+                      "http://127.0.0.1:8787/metrics/metrics/cpu?window=5m")
+    assert code == 0
+    assert d["decision"] == "allow" and d["reason"] == "allowed"
+    assert d["rule"] == "read-cpu" and d["matched"] == "GET /metrics/cpu"
+    assert d["target"] == "/metrics/metrics/cpu?window=5m" and d["upstream"] == "metrics"
+    assert d["approval"] == "none" and d["params"] == {}
+
+
+def test_explain_denied_query(capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = explain(capsys, "--role", "sre-diagnostics", "GET", "/metrics/metrics/cpu?window=2h")
+    assert code == 1
+    assert d["decision"] == "deny" and d["reason"] == "query_invalid"
+    assert d["rule"] == "read-cpu" and d["status"] == 400
+    assert "'window' must be one of" in d["detail"]
+
+
+def test_explain_denied_no_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = explain(capsys, "--role", "analyst", "GET", "/metrics/metrics/cpu?window=5m")
+    assert code == 1
+    assert (d["decision"], d["reason"], d["rule"], d["status"]) == ("deny", "no_rule", None, 403)
+
+
+def test_explain_denied_by_caps(capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = explain(capsys, "--role", "sre-diagnostics", "--cap", "read-app-logs", "GET",
+                      "/metrics/metrics/cpu?window=5m")
+    assert code == 1 and d["reason"] == "no_rule"
+
+
+def test_explain_ambiguous_target(capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = explain(capsys, "--role", "sre-diagnostics", "GET", "/metrics/metrics/%2E%2E/cpu?window=5m")
+    assert code == 1
+    assert (d["reason"], d["status"], d["upstream"]) == ("target_ambiguous", 400, None)
+
+
+def test_explain_body_allowed_and_denied(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, d = explain(capsys, "--role", "sre-diagnostics", "-d", '{"service": "web"}', "POST",
+                      "/services/services/restart")
+    assert code == 0 and d["rule"] == "restart-service"
+    body = tmp_path / "body.json"
+    body.write_text('{"service": "db"}')
+    code, d = explain(capsys, "--role", "sre-diagnostics", "--body", f"@{body}", "POST",
+                      "/services/services/restart")
+    assert code == 1
+    assert (d["reason"], d["rule"], d["status"]) == ("body_invalid", "restart-service", 400)
+
+
+def test_explain_bad_header_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "policy", "explain", "--policy", EXAMPLE, "--role", "r", "-H", "NoColon",
+                "GET", "/metrics/x", contains="expected 'Name: value'")
+
+
+def test_explain_missing_body_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    usage_error(capsys, "policy", "explain", "--policy", EXAMPLE, "--role", "r", "-d",
+                f"@{tmp_path / 'nope'}", "POST", "/services/services/restart", contains="--body @")
+
+
+def test_explain_with_a_bad_policy_exits_2_with_positions(capsys: pytest.CaptureFixture[str]) -> None:
+    path = BAD / "unknown_upstream.yaml"
+    code, out, err = run(capsys, "policy", "explain", "--policy", str(path), "--role", "sre",
+                         "GET", "/logs/logs/application")
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[0] == "capgate: error: policy has errors:"
+    assert lines[1:] == [f"{path}:8:19: unknown upstream 'logs'; defined upstreams: ['metrics']"]
+
+
+# --- audit verify ---------------------------------------------------------------------------------------
+
+
+def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "audit.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    for i in range(4):
+        trail.append({"n": i})
+    trail.close()
+    code, out, _ = run(capsys, "audit", "verify", str(path))
+    assert code == 0 and out.strip() == f"{path}: ok, 4 lines, hash chain intact"
+    lines = path.read_bytes().splitlines()
+    lines[1], lines[2] = lines[2], lines[1]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    code, out, _ = run(capsys, "audit", "verify", str(path))
+    assert code == 1
+    assert out.strip() == (
+        f"{path}:2: hash chain broken: 'prev' does not match the line before "
+        "(1 lines verified before it)"
+    )
+
+
+# --- bad usage ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,contains",
+    [
+        ((), "required: command"),
+        (("bogus",), "invalid choice: 'bogus'"),
+        (("token",), "required: token_command"),
+        (("token", "mint"), "required"),
+        (("token", "mint", "--key", "k", "--agent", "a", "--role", "r", "--ttl", "soon"), "--ttl"),
+        (("token", "mint", "--key", "k", "--agent", "a", "--role", "r", "--ttl", "-5s"), "--ttl"),
+        (("keys", "generate"), "--dir"),
+        (("keys", "generate", "--dir", "x", "--algorithm", "HS256"), "invalid choice: 'HS256'"),
+        (("policy", "check"), "files"),
+        (("policy", "explain", "--policy", "p.yaml", "GET", "/x"), "--role"),
+        (("audit", "verify"), "file"),
+        (("revoke",), "one of the arguments"),
+        (("revoke", "--jti", "j", "--agent", "a"), "not allowed with"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], contains: str
+) -> None:
+    usage_error(capsys, *argv, contains=contains)
+
+
+def test_mint_with_missing_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "token", "mint", "--key", str(tmp_path / "none.pem"), "--agent", "a",
+                "--role", "r", contains="cannot read signing key")
+
+
+def test_mint_with_bad_agent_id(keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "token", "mint", "--key", str(keys[0]), "--agent", "a/b", "--role", "r",
+                contains="agent id 'a/b'")
+
+
+def test_inspect_with_missing_jwks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "token", "inspect", "a.b.c", "--jwks", str(tmp_path / "none.json"),
+                contains="cannot read keyset")
+
+
+def test_keys_generate_into_a_file_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    usage_error(capsys, "keys", "generate", "--dir", str(blocker / "keys"), contains="cannot write keys")
+
+
+def test_audit_verify_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "audit", "verify", str(tmp_path / "nope.jsonl"), contains="No such file")
+
+
+def test_revoke_needs_a_shared_store(capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "revoke", "--jti", "j1", contains="revoke needs a shared store")
+    usage_error(capsys, "revoke", "--jti", "j1", "--state", "memory", contains="shared store")
+
+
+def test_serve_with_bad_settings_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    usage_error(capsys, "serve", "--policy", "p.yaml", "--jwks", "j.json", "--port", "abc",
+                contains="--port has value 'abc'; expected an integer 0-65535")
+    usage_error(capsys, "serve", "--jwks", "j.json", contains="setting 'policy' is required")

@@ -1,0 +1,231 @@
+"""Settings: defaults < config file < CAPGATE_* environment < flags; loud, named errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import FIELDS, Settings, load_settings
+from gateway.errors import ConfigError
+from gateway.tokens import TokenSettings
+
+REQUIRED = {"policy": "p.yaml", "jwks": "j.json"}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "capgate.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load_settings(REQUIRED, {})
+    assert isinstance(s, Settings)
+    assert s.policy == Path("p.yaml") and s.jwks == Path("j.json")
+    assert s.host == "127.0.0.1" and s.port == 8787
+    assert s.tokens == TokenSettings()
+    assert s.tokens.algorithm == "EdDSA" and s.tokens.max_lifetime == 3600
+    assert s.tokens.leeway == 30 and s.tokens.max_size == 8192
+    assert s.tokens.issuers == ("capgate",) and s.tokens.audience == "capgate"
+    assert s.audit == Path("capgate-audit.jsonl")
+    assert s.state == "memory" and s.shutdown_grace == 10 and s.reload_interval == 1
+    assert s.log_level == "info" and s.upstream_key is None and s.secrets_dir is None
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings(REQUIRED, {})
+    with pytest.raises(AttributeError):
+        s.port = 1  # type: ignore[misc]
+
+
+def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "port: 1001\nhost: 10.0.0.1\nlog_level: debug\nleeway: 5s\n"
+                          "policy: file.yaml\njwks: file.json\n")
+    s = load_settings({}, {}, cfg)
+    assert (s.port, s.host, s.log_level, s.tokens.leeway) == (1001, "10.0.0.1", "debug", 5)
+    assert s.policy == Path("file.yaml")
+    env = {"CAPGATE_PORT": "1002", "CAPGATE_HOST": "10.0.0.2"}
+    s = load_settings({}, env, cfg)
+    assert (s.port, s.host, s.log_level) == (1002, "10.0.0.2", "debug")
+    s = load_settings({"port": "1003", "host": None}, env, cfg)
+    assert (s.port, s.host) == (1003, "10.0.0.2")  # a None flag is "not given"
+    assert s.tokens.leeway == 5  # untouched keys keep the file's value
+
+
+def test_env_overrides_file_for_token_settings(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "algorithm: ES256\nissuers: [a, b]\nmax_token_lifetime: 10m\n")
+    s = load_settings(REQUIRED, {"CAPGATE_ISSUERS": "c, d ,"}, cfg)
+    assert s.tokens.algorithm == "ES256"
+    assert s.tokens.issuers == ("c", "d")
+    assert s.tokens.max_lifetime == 600
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    s = load_settings(REQUIRED, {"PORT": "1", "CAPGATE_port": "2", "capgate_PORT": "3"})
+    assert s.port == 8787
+
+
+@pytest.mark.parametrize(
+    "env,value,expected",
+    [
+        ("CAPGATE_PORT", "abc", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "70000", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "-1", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "80.5", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "8_080", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "+80", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", " 80", "expected an integer 0-65535"),
+        ("CAPGATE_PORT", "", "expected an integer 0-65535"),
+        ("CAPGATE_ALGORITHM", "HS256", "expected one of ['EdDSA', 'ES256']"),
+        ("CAPGATE_ALGORITHM", "none", "expected one of"),
+        ("CAPGATE_LOG_LEVEL", "loud", "expected one of"),
+        ("CAPGATE_STATE", "postgres://x", "expected 'memory' or a redis://"),
+        ("CAPGATE_LEEWAY", "-5s", "expected a duration"),
+        ("CAPGATE_SHUTDOWN_GRACE", "-1", "expected a duration"),
+        ("CAPGATE_LEEWAY", "soon", "expected a duration"),
+        ("CAPGATE_MAX_TOKEN_LIFETIME", "0s", "positive"),
+        ("CAPGATE_RELOAD_INTERVAL", "0", "positive"),
+        ("CAPGATE_MAX_TOKEN_SIZE", "big", "expected a size"),
+        ("CAPGATE_ISSUERS", " , ", "at least one"),
+        ("CAPGATE_HOST", "", "non-empty"),
+        ("CAPGATE_AUDIENCE", "", "non-empty"),
+    ],
+)
+def test_bad_env_value_names_the_key_and_the_value(env: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(REQUIRED, {env: value})
+    message = str(info.value)
+    assert message.startswith(f"{env} has value {value!r}; "), message
+    assert expected in message
+
+
+def test_bad_flag_names_the_flag() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({**REQUIRED, "shutdown_grace": "forever"}, {})
+    assert str(info.value).startswith("--shutdown-grace has value 'forever'; ")
+
+
+@pytest.mark.parametrize(
+    "text,key,expected",
+    [
+        ("port: 80.9\n", "port", "expected an integer"),
+        ("port: true\n", "port", "expected an integer"),
+        ("port: [1]\n", "port", "expected an integer"),
+        ("audience: 5\n", "audience", "non-empty string"),
+        ("leeway: true\n", "leeway", "duration"),
+        ("max_token_size: -1\n", "max_token_size", "negative"),
+    ],
+)
+def test_bad_file_value_names_the_file_and_key(
+    tmp_path: Path, text: str, key: str, expected: str
+) -> None:
+    cfg = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(REQUIRED, {}, cfg)
+    message = str(info.value)
+    assert message.startswith(f"{cfg}: {key} has value "), message
+    assert expected in message
+
+
+def test_port_accepts_plain_integers(tmp_path: Path) -> None:
+    assert load_settings({**REQUIRED, "port": "0"}, {}).port == 0
+    assert load_settings({**REQUIRED, "port": 65535}, {}).port == 65535
+    assert load_settings(REQUIRED, {}, write(tmp_path, "port: 9000\n")).port == 9000
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "port: 1\nlisten_port: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(REQUIRED, {}, cfg)
+    assert "unknown setting 'listen_port'" in str(info.value)
+    assert str(cfg) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("- a\n- b\n", "must be a mapping"), ("port: [\n", "not valid YAML"), ("a: 1\na: 2\n", "not valid YAML")],
+)
+def test_bad_config_file(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(REQUIRED, {}, write(tmp_path, text))
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_settings(REQUIRED, {}, tmp_path / "nope.yaml")
+
+
+def test_empty_config_file_is_all_defaults(tmp_path: Path) -> None:
+    assert load_settings(REQUIRED, {}, write(tmp_path, "# nothing\n")).port == 8787
+
+
+@pytest.mark.parametrize("missing", ["policy", "jwks"])
+def test_policy_and_jwks_are_required(missing: str) -> None:
+    flags = {k: v for k, v in REQUIRED.items() if k != missing}
+    with pytest.raises(ConfigError) as info:
+        load_settings(flags, {})
+    assert f"setting {missing!r} is required" in str(info.value)
+    assert f"--{missing}" in str(info.value) and f"CAPGATE_{missing.upper()}" in str(info.value)
+
+
+def test_required_settings_from_env() -> None:
+    s = load_settings({}, {"CAPGATE_POLICY": "/etc/p.yaml", "CAPGATE_JWKS": "/etc/j.json"})
+    assert s.policy == Path("/etc/p.yaml") and s.jwks == Path("/etc/j.json")
+
+
+@pytest.mark.parametrize("value", ["-", ""])
+def test_audit_can_be_turned_off(value: str) -> None:
+    assert load_settings({**REQUIRED, "audit": value}, {}).audit is None
+
+
+def test_paths_and_state() -> None:
+    s = load_settings(
+        {**REQUIRED, "audit": "/var/log/a.jsonl", "upstream_key": "k.pem", "secrets_dir": "/s",
+         "state": "redis://127.0.0.1:6379/0"},
+        {},
+    )
+    assert s.audit == Path("/var/log/a.jsonl") and s.upstream_key == Path("k.pem")
+    assert s.secrets_dir == Path("/s") and s.state == "redis://127.0.0.1:6379/0"
+
+
+def test_sizes_and_durations_parse() -> None:
+    s = load_settings(
+        {**REQUIRED, "max_token_size": "16KiB", "max_token_lifetime": "15m", "shutdown_grace": "0s"},
+        {},
+    )
+    assert s.tokens.max_size == 16384 and s.tokens.max_lifetime == 900
+    assert s.shutdown_grace == 0
+
+
+def test_unknown_flags_are_ignored_not_applied() -> None:
+    # The CLI passes its whole namespace; keys that are not settings are not settings.
+    flags: dict[str, Any] = {**REQUIRED, "command": "serve", "config": None, "evil": "x"}
+    s = load_settings(flags, {})
+    assert not hasattr(s, "evil") and not hasattr(s, "command")
+
+
+def test_every_field_has_an_env_name_that_works() -> None:
+    samples = {
+        "host": "0.0.0.0", "port": "1", "policy": "p", "jwks": "j", "algorithm": "ES256",
+        "audience": "aud", "issuers": "a,b", "max_token_lifetime": "2m", "leeway": "1s",
+        "max_token_size": "1KiB", "upstream_key": "k", "secrets_dir": "s", "audit": "a",
+        "state": "memory", "shutdown_grace": "3s", "reload_interval": "2s", "log_level": "error",
+    }
+    assert set(samples) == set(FIELDS)
+    env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
+    s = load_settings({}, env)
+    assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
+    assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
+    assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
+    assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
+
+
+def test_an_overridden_value_is_never_parsed(tmp_path: Path) -> None:
+    # Only the winning value of each key is parsed: the flag wins, and the file's bad value
+    # for the same key is not an error. Without the flag, the same file is refused.
+    cfg = write(tmp_path, "policy: 5\n")
+    assert load_settings(REQUIRED, {}, cfg).policy == Path("p.yaml")
+    with pytest.raises(ConfigError, match=r"policy has value 5; expected a non-empty string"):
+        load_settings({"jwks": "j.json"}, {}, cfg)

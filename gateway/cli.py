@@ -307,6 +307,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
 
 
 if __name__ == "__main__":

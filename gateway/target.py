@@ -11,7 +11,8 @@ Canonical means:
 - origin form (starts with ``/``); no absolute form, no ``*``, no fragment;
 - only RFC 3986 ``pchar`` characters in the path, except ``;`` (path parameters);
 - percent escapes in upper-case hex, never encoding an unreserved character, ``/``, ``\\``,
-  ``.``, ``;``, ``%`` or a control character, and decoding to valid UTF-8;
+  ``.``, ``;``, ``%`` or a control character, and decoding to valid UTF-8; in the path, no
+  escape of a character that may stand as it is (``!$&'()*+,=:@``);
 - no empty segment (``//``) except a trailing slash, no ``.`` or ``..`` segment;
 - a query of ``name=value`` pairs joined by ``&``, each with an ``=``, none empty, no ``;``
   separator, and no escape that decodes to another escape (double encoding).
@@ -38,6 +39,9 @@ _HEX2 = re.compile(r"[0-9A-F]{2}")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # Bytes that must never appear encoded in a path: each changes how the path splits or decodes.
 _PATH_FORBIDDEN_ENCODED = frozenset(b"/\\.;%") | frozenset(range(0x20)) | {0x7F}
+# Characters that are legal as they are in a path segment must be written as they are:
+# "%2B" and "+" decode alike, and two spellings of one path is what this module refuses.
+_PATH_LITERAL_ONLY = frozenset(b"!$&'()*+,=:@")
 _QUERY_FORBIDDEN_ENCODED = frozenset(range(0x20)) | {0x7F}
 
 
@@ -105,7 +109,7 @@ def parse_target(raw: str) -> Target:
     if not _PATH_CHARS.fullmatch(path):
         bad = next(c for c in path if not _PATH_CHARS.fullmatch(c))
         raise _refuse(f"character {bad!r} is not allowed in the path")
-    _check_escapes(path, _PATH_FORBIDDEN_ENCODED, "path")
+    _check_escapes(path, _PATH_FORBIDDEN_ENCODED | _PATH_LITERAL_ONLY, "path")
 
     parts = path.split("/")[1:]  # path starts with "/"
     upstream = parts[0]

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jwt
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
@@ -31,7 +30,7 @@ from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.tokens import TOKEN_TYPE, Keyset, TokenSettings, TokenVerifier, key_id, public_jwk
 
-# --- hypothesis ---------------------------------------------------------------------------
+# --- hypothesis -------------------------------------------------------------------------------
 
 settings.register_profile(
     "fast",
@@ -51,7 +50,7 @@ FUZZ = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 """Decorate fuzz tests with ``@FUZZ`` (``fast`` unless ``HYPOTHESIS_PROFILE=deep``)."""
 
 
-# --- base64url and JWS ----------------------------------------------------------------------
+# --- base64url and JWS ------------------------------------------------------------------------
 
 
 def b64(data: bytes) -> str:
@@ -62,7 +61,9 @@ def unb64(segment: str) -> bytes:
     return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
-def raw_signature(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
+def raw_signature(
+    key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey, data: bytes
+) -> bytes:
     """The JWS signature bytes (Ed25519 raw, or ES256 as r||s) over ``data``."""
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key.sign(data)
@@ -96,7 +97,7 @@ def noncanonical(segment: str) -> str:
     return spelled
 
 
-# --- keys, claims, verifiers ----------------------------------------------------------------
+# --- keys, claims, verifiers ------------------------------------------------------------------
 
 
 class Signer:
@@ -118,9 +119,7 @@ class Signer:
     def keyset(self) -> Keyset:
         return Keyset.from_jwks({"keys": [self.jwk]}, self.algorithm)
 
-    def verifier(
-        self, clock: Callable[[], float] = time.time, **settings_kw: Any
-    ) -> TokenVerifier:
+    def verifier(self, clock: Callable[[], float] = time.time, **settings_kw: Any) -> TokenVerifier:
         s = TokenSettings(algorithm=self.algorithm, **settings_kw)
         return TokenVerifier(self.keyset(), s, clock=clock)
 
@@ -182,7 +181,7 @@ class Clock:
         self.now += seconds
 
 
-# --- policies -------------------------------------------------------------------------------
+# --- policies ---------------------------------------------------------------------------------
 
 
 def policy_from_text(text: str, name: str = "inline.yaml") -> Policy:

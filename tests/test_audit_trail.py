@@ -117,7 +117,10 @@ def test_edited_prev_field_breaks_at_that_line(tmp_path: Path) -> None:
     record["prev"] = "f" * 64
     lines[1] = json.dumps(record, separators=(",", ":")).encode()
     rewrite(path, lines)
-    assert verify(path) == (1, ChainBreak(2, "hash chain broken: 'prev' does not match the line before"))
+    assert verify(path) == (
+        1,
+        ChainBreak(2, "hash chain broken: 'prev' does not match the line before"),
+    )
 
 
 def test_deleted_line_is_reported(tmp_path: Path) -> None:
@@ -133,7 +136,9 @@ def test_deleted_first_line_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     lines = write_trail(path, 3)
     rewrite(path, lines[1:])
-    assert verify(path)[1] == ChainBreak(1, "hash chain broken: 'prev' does not match the line before")
+    assert verify(path)[1] == ChainBreak(
+        1, "hash chain broken: 'prev' does not match the line before"
+    )
 
 
 def test_reordered_lines_are_reported(tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ EXAMPLE = str(REPO / "policies" / "example.yaml")
 BAD = FIXTURES / "policies" / "bad"
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def run(
+    capsys: pytest.CaptureFixture[str], *argv: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     code = main(list(argv), env if env is not None else {})
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
@@ -49,15 +51,25 @@ def keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path
 
 
 def mint(capsys: pytest.CaptureFixture[str], key: Path, *extra: str) -> str:
-    code, out, err = run(capsys, "token", "mint", "--key", str(key), "--agent", "sre-bot",
-                         "--role", "sre-diagnostics", *extra)
+    code, out, err = run(
+        capsys,
+        "token",
+        "mint",
+        "--key",
+        str(key),
+        "--agent",
+        "sre-bot",
+        "--role",
+        "sre-diagnostics",
+        *extra,
+    )
     assert code == 0 and err == ""
     token = out.strip()
     assert token.count(".") == 2
     return token
 
 
-# --- keys and tokens ---------------------------------------------------------------------------
+# --- keys and tokens --------------------------------------------------------------------------
 
 
 def test_keys_generate(keys: tuple[Path, Path]) -> None:
@@ -78,7 +90,9 @@ def test_token_mint_and_inspect_verified(
     keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     key, jwks = keys
-    token = mint(capsys, key, "--role", "analyst", "--cap", "read-cpu", "--ttl", "2m", "--run", "run-1")
+    token = mint(
+        capsys, key, "--role", "analyst", "--cap", "read-cpu", "--ttl", "2m", "--run", "run-1"
+    )
     code, out, err = run(capsys, "token", "inspect", token, "--jwks", str(jwks))
     assert code == 0 and err == ""
     report = json.loads(out)
@@ -97,10 +111,15 @@ def test_token_inspect_without_jwks_does_not_verify(
     token = mint(capsys, keys[0])
     code, out, _ = run(capsys, "token", "inspect", token)
     assert code == 0
-    assert json.loads(out)["verdict"] == {"valid": None, "detail": "not verified: pass --jwks to verify"}
+    assert json.loads(out)["verdict"] == {
+        "valid": None,
+        "detail": "not verified: pass --jwks to verify",
+    }
 
 
-def test_token_inspect_tampered_exits_1(keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_token_inspect_tampered_exits_1(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     key, jwks = keys
     h, p, s = mint(capsys, key).split(".")
     claims = json.loads(unb64(p))
@@ -111,7 +130,9 @@ def test_token_inspect_tampered_exits_1(keys: tuple[Path, Path], capsys: pytest.
     report = json.loads(out)
     assert report["claims"]["roles"] == ["admin"]  # shown, but ...
     assert report["verdict"] == {
-        "valid": False, "reason": "token_invalid", "detail": "the token's signature does not verify",
+        "valid": False,
+        "reason": "token_invalid",
+        "detail": "the token's signature does not verify",
     }
 
 
@@ -120,7 +141,9 @@ def test_token_inspect_other_keyset_exits_1(
 ) -> None:
     token = mint(capsys, keys[0])
     run(capsys, "keys", "generate", "--dir", str(tmp_path / "other"))
-    code, out, _ = run(capsys, "token", "inspect", token, "--jwks", str(tmp_path / "other" / "jwks.json"))
+    code, out, _ = run(
+        capsys, "token", "inspect", token, "--jwks", str(tmp_path / "other" / "jwks.json")
+    )
     assert code == 1
     assert json.loads(out)["verdict"]["reason"] == "token_invalid"
 
@@ -150,7 +173,7 @@ def test_token_mint_long_ttl_is_refused_by_inspect(
     assert code == 1 and "longer than" in json.loads(out)["verdict"]["detail"]
 
 
-# --- policy check -----------------------------------------------------------------------------------
+# --- policy check -----------------------------------------------------------------------------
 
 
 def test_policy_check_good(capsys: pytest.CaptureFixture[str]) -> None:
@@ -186,7 +209,7 @@ def test_policy_check_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert out.startswith(f"{tmp_path / 'nope.yaml'}:1:1: cannot read file")
 
 
-# --- policy explain ---------------------------------------------------------------------------------
+# --- policy explain ---------------------------------------------------------------------------
 
 
 def explain(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -196,8 +219,13 @@ def explain(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[s
 
 
 def test_explain_allowed(capsys: pytest.CaptureFixture[str]) -> None:
-    code, d = explain(capsys, "--role", "sre-diagnostics", "GET",
-                      "http://127.0.0.1:8787/metrics/metrics/cpu?window=5m")
+    code, d = explain(
+        capsys,
+        "--role",
+        "sre-diagnostics",
+        "GET",
+        "http://127.0.0.1:8787/metrics/metrics/cpu?window=5m",
+    )
     assert code == 0
     assert d["decision"] == "allow" and d["reason"] == "allowed"
     assert d["rule"] == "read-cpu" and d["matched"] == "GET /metrics/cpu"
@@ -220,50 +248,110 @@ def test_explain_denied_no_rule(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_explain_denied_by_caps(capsys: pytest.CaptureFixture[str]) -> None:
-    code, d = explain(capsys, "--role", "sre-diagnostics", "--cap", "read-app-logs", "GET",
-                      "/metrics/metrics/cpu?window=5m")
+    code, d = explain(
+        capsys,
+        "--role",
+        "sre-diagnostics",
+        "--cap",
+        "read-app-logs",
+        "GET",
+        "/metrics/metrics/cpu?window=5m",
+    )
     assert code == 1 and d["reason"] == "no_rule"
 
 
 def test_explain_ambiguous_target(capsys: pytest.CaptureFixture[str]) -> None:
-    code, d = explain(capsys, "--role", "sre-diagnostics", "GET", "/metrics/metrics/%2E%2E/cpu?window=5m")
+    code, d = explain(
+        capsys, "--role", "sre-diagnostics", "GET", "/metrics/metrics/%2E%2E/cpu?window=5m"
+    )
     assert code == 1
     assert (d["reason"], d["status"], d["upstream"]) == ("target_ambiguous", 400, None)
 
 
-def test_explain_body_allowed_and_denied(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, d = explain(capsys, "--role", "sre-diagnostics", "-d", '{"service": "web"}', "POST",
-                      "/services/services/restart")
+def test_explain_body_allowed_and_denied(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, d = explain(
+        capsys,
+        "--role",
+        "sre-diagnostics",
+        "-d",
+        '{"service": "web"}',
+        "POST",
+        "/services/services/restart",
+    )
     assert code == 0 and d["rule"] == "restart-service"
     body = tmp_path / "body.json"
     body.write_text('{"service": "db"}')
-    code, d = explain(capsys, "--role", "sre-diagnostics", "--body", f"@{body}", "POST",
-                      "/services/services/restart")
+    code, d = explain(
+        capsys,
+        "--role",
+        "sre-diagnostics",
+        "--body",
+        f"@{body}",
+        "POST",
+        "/services/services/restart",
+    )
     assert code == 1
     assert (d["reason"], d["rule"], d["status"]) == ("body_invalid", "restart-service", 400)
 
 
 def test_explain_bad_header_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    usage_error(capsys, "policy", "explain", "--policy", EXAMPLE, "--role", "r", "-H", "NoColon",
-                "GET", "/metrics/x", contains="expected 'Name: value'")
+    usage_error(
+        capsys,
+        "policy",
+        "explain",
+        "--policy",
+        EXAMPLE,
+        "--role",
+        "r",
+        "-H",
+        "NoColon",
+        "GET",
+        "/metrics/x",
+        contains="expected 'Name: value'",
+    )
 
 
 def test_explain_missing_body_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    usage_error(capsys, "policy", "explain", "--policy", EXAMPLE, "--role", "r", "-d",
-                f"@{tmp_path / 'nope'}", "POST", "/services/services/restart", contains="--body @")
+    usage_error(
+        capsys,
+        "policy",
+        "explain",
+        "--policy",
+        EXAMPLE,
+        "--role",
+        "r",
+        "-d",
+        f"@{tmp_path / 'nope'}",
+        "POST",
+        "/services/services/restart",
+        contains="--body @",
+    )
 
 
-def test_explain_with_a_bad_policy_exits_2_with_positions(capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_with_a_bad_policy_exits_2_with_positions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     path = BAD / "unknown_upstream.yaml"
-    code, out, err = run(capsys, "policy", "explain", "--policy", str(path), "--role", "sre",
-                         "GET", "/logs/logs/application")
+    code, out, err = run(
+        capsys,
+        "policy",
+        "explain",
+        "--policy",
+        str(path),
+        "--role",
+        "sre",
+        "GET",
+        "/logs/logs/application",
+    )
     assert code == 2 and out == ""
     lines = err.splitlines()
     assert lines[0] == "capgate: error: policy has errors:"
     assert lines[1:] == [f"{path}:8:19: unknown upstream 'logs'; defined upstreams: ['metrics']"]
 
 
-# --- audit verify ---------------------------------------------------------------------------------------
+# --- audit verify -----------------------------------------------------------------------------
 
 
 def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -286,7 +374,7 @@ def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
-# --- bad usage ------------------------------------------------------------------------------------------
+# --- bad usage --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -314,24 +402,55 @@ def test_bad_usage_exits_2_with_one_line(
 
 
 def test_mint_with_missing_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    usage_error(capsys, "token", "mint", "--key", str(tmp_path / "none.pem"), "--agent", "a",
-                "--role", "r", contains="cannot read signing key")
+    usage_error(
+        capsys,
+        "token",
+        "mint",
+        "--key",
+        str(tmp_path / "none.pem"),
+        "--agent",
+        "a",
+        "--role",
+        "r",
+        contains="cannot read signing key",
+    )
 
 
-def test_mint_with_bad_agent_id(keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    usage_error(capsys, "token", "mint", "--key", str(keys[0]), "--agent", "a/b", "--role", "r",
-                contains="agent id 'a/b'")
+def test_mint_with_bad_agent_id(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    usage_error(
+        capsys,
+        "token",
+        "mint",
+        "--key",
+        str(keys[0]),
+        "--agent",
+        "a/b",
+        "--role",
+        "r",
+        contains="agent id 'a/b'",
+    )
 
 
 def test_inspect_with_missing_jwks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    usage_error(capsys, "token", "inspect", "a.b.c", "--jwks", str(tmp_path / "none.json"),
-                contains="cannot read keyset")
+    usage_error(
+        capsys,
+        "token",
+        "inspect",
+        "a.b.c",
+        "--jwks",
+        str(tmp_path / "none.json"),
+        contains="cannot read keyset",
+    )
 
 
 def test_keys_generate_into_a_file_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    usage_error(capsys, "keys", "generate", "--dir", str(blocker / "keys"), contains="cannot write keys")
+    usage_error(
+        capsys, "keys", "generate", "--dir", str(blocker / "keys"), contains="cannot write keys"
+    )
 
 
 def test_audit_verify_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -344,6 +463,15 @@ def test_revoke_needs_a_shared_store(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_serve_with_bad_settings_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    usage_error(capsys, "serve", "--policy", "p.yaml", "--jwks", "j.json", "--port", "abc",
-                contains="--port has value 'abc'; expected an integer 0-65535")
+    usage_error(
+        capsys,
+        "serve",
+        "--policy",
+        "p.yaml",
+        "--jwks",
+        "j.json",
+        "--port",
+        "abc",
+        contains="--port has value 'abc'; expected an integer 0-65535",
+    )
     usage_error(capsys, "serve", "--jwks", "j.json", contains="setting 'policy' is required")

@@ -41,8 +41,11 @@ def test_settings_are_frozen() -> None:
 
 
 def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
-    cfg = write(tmp_path, "port: 1001\nhost: 10.0.0.1\nlog_level: debug\nleeway: 5s\n"
-                          "policy: file.yaml\njwks: file.json\n")
+    cfg = write(
+        tmp_path,
+        "port: 1001\nhost: 10.0.0.1\nlog_level: debug\nleeway: 5s\n"
+        "policy: file.yaml\njwks: file.json\n",
+    )
     s = load_settings({}, {}, cfg)
     assert (s.port, s.host, s.log_level, s.tokens.leeway) == (1001, "10.0.0.1", "debug", 5)
     assert s.policy == Path("file.yaml")
@@ -145,7 +148,11 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("- a\n- b\n", "must be a mapping"), ("port: [\n", "not valid YAML"), ("a: 1\na: 2\n", "not valid YAML")],
+    [
+        ("- a\n- b\n", "must be a mapping"),
+        ("port: [\n", "not valid YAML"),
+        ("a: 1\na: 2\n", "not valid YAML"),
+    ],
 )
 def test_bad_config_file(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
@@ -182,8 +189,13 @@ def test_audit_can_be_turned_off(value: str) -> None:
 
 def test_paths_and_state() -> None:
     s = load_settings(
-        {**REQUIRED, "audit": "/var/log/a.jsonl", "upstream_key": "k.pem", "secrets_dir": "/s",
-         "state": "redis://127.0.0.1:6379/0"},
+        {
+            **REQUIRED,
+            "audit": "/var/log/a.jsonl",
+            "upstream_key": "k.pem",
+            "secrets_dir": "/s",
+            "state": "redis://127.0.0.1:6379/0",
+        },
         {},
     )
     assert s.audit == Path("/var/log/a.jsonl") and s.upstream_key == Path("k.pem")
@@ -192,7 +204,12 @@ def test_paths_and_state() -> None:
 
 def test_sizes_and_durations_parse() -> None:
     s = load_settings(
-        {**REQUIRED, "max_token_size": "16KiB", "max_token_lifetime": "15m", "shutdown_grace": "0s"},
+        {
+            **REQUIRED,
+            "max_token_size": "16KiB",
+            "max_token_lifetime": "15m",
+            "shutdown_grace": "0s",
+        },
         {},
     )
     assert s.tokens.max_size == 16384 and s.tokens.max_lifetime == 900
@@ -208,10 +225,23 @@ def test_unknown_flags_are_ignored_not_applied() -> None:
 
 def test_every_field_has_an_env_name_that_works() -> None:
     samples = {
-        "host": "0.0.0.0", "port": "1", "policy": "p", "jwks": "j", "algorithm": "ES256",
-        "audience": "aud", "issuers": "a,b", "max_token_lifetime": "2m", "leeway": "1s",
-        "max_token_size": "1KiB", "upstream_key": "k", "secrets_dir": "s", "audit": "a",
-        "state": "memory", "shutdown_grace": "3s", "reload_interval": "2s", "log_level": "error",
+        "host": "0.0.0.0",
+        "port": "1",
+        "policy": "p",
+        "jwks": "j",
+        "algorithm": "ES256",
+        "audience": "aud",
+        "issuers": "a,b",
+        "max_token_lifetime": "2m",
+        "leeway": "1s",
+        "max_token_size": "1KiB",
+        "upstream_key": "k",
+        "secrets_dir": "s",
+        "audit": "a",
+        "state": "memory",
+        "shutdown_grace": "3s",
+        "reload_interval": "2s",
+        "log_level": "error",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}

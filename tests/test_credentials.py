@@ -34,13 +34,13 @@ roles: {{}}
 BEARER = Credentials(type="bearer", secret="env:DB_TOKEN", prefix="Bearer ")
 
 
-# --- Secret ----------------------------------------------------------------------------------
+# --- Secret -----------------------------------------------------------------------------------
 
 
 def test_secret_repr_and_str_are_masked() -> None:
     s = Secret("sk-live-123")
     assert repr(s) == str(s) == "Secret('****')"
-    assert "sk-live" not in f"{s} {s!r} {[s]} {({'k': s})}"
+    assert "sk-live" not in f"{s} {s!r} {[s]} { ({'k': s}) }"
     assert s.reveal() == "sk-live-123"
 
 
@@ -51,7 +51,7 @@ def test_injection_repr_does_not_show_the_secret(tmp_path: Path) -> None:
     assert "sk-live" not in repr(inj)
 
 
-# --- env references --------------------------------------------------------------------------
+# --- env references ---------------------------------------------------------------------------
 
 
 def test_env_bearer(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_per_agent_env_is_not_checked_at_start(tmp_path: Path) -> None:
     CredentialStore({}, tmp_path).check_policy(policy)
 
 
-# --- file references ----------------------------------------------------------------------------
+# --- file references --------------------------------------------------------------------------
 
 
 def test_file_secret_relative_to_base_dir(tmp_path: Path) -> None:
@@ -144,18 +144,24 @@ def test_world_readable_file_refused_at_check_policy(tmp_path: Path) -> None:
 def test_group_or_other_bits_refused(tmp_path: Path, mode: int) -> None:
     secret_file(tmp_path / "db.token", "s", mode=mode)
     with pytest.raises(ConfigError, match="group or others"):
-        CredentialStore({}, tmp_path).check_policy(policy_with('{type: bearer, secret: "file:db.token"}'))
+        CredentialStore({}, tmp_path).check_policy(
+            policy_with('{type: bearer, secret: "file:db.token"}')
+        )
 
 
 def test_missing_file_refused_at_check_policy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
-        CredentialStore({}, tmp_path).check_policy(policy_with('{type: bearer, secret: "file:x.token"}'))
+        CredentialStore({}, tmp_path).check_policy(
+            policy_with('{type: bearer, secret: "file:x.token"}')
+        )
 
 
 def test_directory_as_secret_refused_at_check_policy(tmp_path: Path) -> None:
     (tmp_path / "dir.token").mkdir()
     with pytest.raises(ConfigError, match="not a regular file"):
-        CredentialStore({}, tmp_path).check_policy(policy_with('{type: bearer, secret: "file:dir.token"}'))
+        CredentialStore({}, tmp_path).check_policy(
+            policy_with('{type: bearer, secret: "file:dir.token"}')
+        )
 
 
 def test_world_readable_file_refused_at_use(tmp_path: Path) -> None:
@@ -195,22 +201,44 @@ def test_per_agent_world_readable_file_refused_at_use(tmp_path: Path) -> None:
     secret_file(tmp_path / "db-alice.token", "s", mode=0o644)
     creds = Credentials(type="bearer", secret="file:db-{agent}.token", prefix="Bearer ")
     store = CredentialStore({}, tmp_path)
-    store.check_policy(policy_with('{type: bearer, secret: "file:db-{agent}.token"}'))  # not yet known
+    store.check_policy(
+        policy_with('{type: bearer, secret: "file:db-{agent}.token"}')
+    )  # not yet known
     with pytest.raises(CredentialUnavailable):
         store.injection("db", creds, "alice")
 
 
 @pytest.mark.parametrize(
     "agent",
-    ["../bob", "..", ".", "a/../../bob", "/etc/passwd", "bob/../alice", "", "a\\b", "..%2Fbob", ".hidden"],
+    [
+        "../bob",
+        "..",
+        ".",
+        "a/../../bob",
+        "/etc/passwd",
+        "bob/../alice",
+        "",
+        "a\\b",
+        "..%2Fbob",
+        ".hidden",
+    ],
 )
 @pytest.mark.parametrize(
-    "template", ["file:secrets/db-{agent}.token", "file:secrets/{agent}", "file:secrets/{agent}/db.token"]
+    "template",
+    ["file:secrets/db-{agent}.token", "file:secrets/{agent}", "file:secrets/{agent}/db.token"],
 )
 def test_agent_id_cannot_escape_the_directory(tmp_path: Path, agent: str, template: str) -> None:
     # Plant secrets an escaping agent id would reach, all with a good mode.
-    for rel in ("secrets/db-bob.token", "bob.token", "secrets/bob", "secrets/alice/db.token",
-                "secrets/db-.token", "bob/db.token", "db-bob.token", "secrets/.hidden"):
+    for rel in (
+        "secrets/db-bob.token",
+        "bob.token",
+        "secrets/bob",
+        "secrets/alice/db.token",
+        "secrets/db-.token",
+        "bob/db.token",
+        "db-bob.token",
+        "secrets/.hidden",
+    ):
         secret_file(tmp_path / rel, "STOLEN")
     creds = Credentials(type="bearer", secret=template, prefix="Bearer ")
     with pytest.raises(CredentialUnavailable) as info:
@@ -250,12 +278,15 @@ def test_file_secret_is_cached_then_reread(tmp_path: Path) -> None:
         store.injection("db", creds, "a")
 
 
-# --- agent-jwt -------------------------------------------------------------------------------------
+# --- agent-jwt --------------------------------------------------------------------------------
 
 
 def _claims(token: str, signer: Signer, audience: str) -> dict[str, object]:
     return jwt.decode(
-        token, signer.key.public_key(), algorithms=[signer.algorithm], audience=audience,
+        token,
+        signer.key.public_key(),
+        algorithms=[signer.algorithm],
+        audience=audience,
         options={"verify_exp": False, "verify_iat": False, "verify_nbf": False},
     )
 

@@ -63,11 +63,26 @@ def test_every_reason_has_a_class_with_that_reason() -> None:
 def test_reason_values_are_the_public_codes() -> None:
     # A public contract: these strings are matched by agents and dashboards.
     assert {r.value for r in Reason} == {
-        "token_missing", "token_invalid", "token_expired", "token_revoked", "target_ambiguous",
-        "no_rule", "query_invalid", "body_invalid", "sql_denied", "tool_denied",
-        "approval_denied", "approval_timeout", "rate_limited", "quota_exhausted",
-        "upstream_unavailable", "upstream_timeout", "replay_miss", "payload_too_large",
-        "state_unavailable", "internal_error",
+        "token_missing",
+        "token_invalid",
+        "token_expired",
+        "token_revoked",
+        "target_ambiguous",
+        "no_rule",
+        "query_invalid",
+        "body_invalid",
+        "sql_denied",
+        "tool_denied",
+        "approval_denied",
+        "approval_timeout",
+        "rate_limited",
+        "quota_exhausted",
+        "upstream_unavailable",
+        "upstream_timeout",
+        "replay_miss",
+        "payload_too_large",
+        "state_unavailable",
+        "internal_error",
     }
     for r in Reason:
         assert r == r.value and str(r) == r.value

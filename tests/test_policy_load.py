@@ -115,7 +115,7 @@ def test_file_too_large(tmp_path: Path) -> None:
         load_policy(path)
 
 
-# --- good policies -------------------------------------------------------------------------------
+# --- good policies ----------------------------------------------------------------------------
 
 
 def test_example_policy_loads() -> None:
@@ -155,7 +155,12 @@ def test_policy_with_params_constraints_loads() -> None:
     literal, id_param, kind_param = rule.path.segments
     assert literal == "items"
     assert isinstance(id_param, Constraint) and isinstance(kind_param, Constraint)
-    assert (id_param.name, id_param.integer, id_param.minimum, id_param.maximum) == ("id", True, 1, 100)
+    assert (id_param.name, id_param.integer, id_param.minimum, id_param.maximum) == (
+        "id",
+        True,
+        1,
+        100,
+    )
     assert kind_param.enum == frozenset({"summary", "full"})  # the list shorthand
     q = rule.query
     assert q["fields"].regex is not None and q["fields"].max_length == 64
@@ -265,13 +270,23 @@ roles:
     assert "needs an upstream of kind mcp" in issue.message and issue.line == 6
 
 
-# --- durations and sizes ---------------------------------------------------------------------------
+# --- durations and sizes ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "text,seconds",
-    [("30s", 30), ("5m", 300), ("1h", 3600), ("250ms", 0.25), ("2d", 172800), ("1.5s", 1.5),
-     (10, 10), (0.5, 0.5), ("7", 7), ("0s", 0)],
+    [
+        ("30s", 30),
+        ("5m", 300),
+        ("1h", 3600),
+        ("250ms", 0.25),
+        ("2d", 172800),
+        ("1.5s", 1.5),
+        (10, 10),
+        (0.5, 0.5),
+        ("7", 7),
+        ("0s", 0),
+    ],
 )
 def test_parse_duration(text: str | float, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
@@ -285,8 +300,16 @@ def test_parse_duration_refuses(text: object) -> None:
 
 @pytest.mark.parametrize(
     "text,size",
-    [("64KiB", 65536), ("1MiB", 1048576), ("1GiB", 1024**3), ("10KB", 10000), ("5MB", 5 * 10**6),
-     ("12B", 12), ("100", 100), (4096, 4096)],
+    [
+        ("64KiB", 65536),
+        ("1MiB", 1048576),
+        ("1GiB", 1024**3),
+        ("10KB", 10000),
+        ("5MB", 5 * 10**6),
+        ("12B", 12),
+        ("100", 100),
+        (4096, 4096),
+    ],
 )
 def test_parse_size(text: str | int, size: int) -> None:
     assert parse_size(text) == size

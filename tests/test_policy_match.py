@@ -130,7 +130,7 @@ def query_invalid(policy: Policy, raw: str, *, rule: str, contains: str, **kw: A
     return err
 
 
-# --- allowed ---------------------------------------------------------------------------------
+# --- allowed ----------------------------------------------------------------------------------
 
 
 def test_allowed_call_names_its_rule(policy: Policy) -> None:
@@ -145,7 +145,7 @@ def test_path_params_are_returned_decoded(policy: Policy) -> None:
     assert m.params == {"host": "web-12", "metric": "mem"}
 
 
-# --- default deny ------------------------------------------------------------------------------
+# --- default deny -----------------------------------------------------------------------------
 
 
 def test_unknown_upstream_is_denied(policy: Policy) -> None:
@@ -174,7 +174,9 @@ def test_near_misses_of_the_path_are_denied(policy: Policy, raw: str) -> None:
     no_rule(policy, raw, contains="no rule of the token's roles allows GET")
 
 
-@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "get", "TRACE"])
+@pytest.mark.parametrize(
+    "method", ["POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "get", "TRACE"]
+)
 def test_method_mismatch_is_denied(policy: Policy, method: str) -> None:
     no_rule(policy, "/metrics/metrics/cpu?window=5m", method=method, contains=f"allows {method} ")
 
@@ -220,12 +222,17 @@ def test_caps_narrow_which_of_two_rules_can_match(policy: Policy) -> None:
     m = match(policy, "/api/items/5", roles=("api-reader",), headers=h)
     assert m.rule.id == "get-item-any"
     query_invalid(
-        policy, "/api/items/5", roles=("api-reader",), headers=h,
-        caps=frozenset({"get-item"}), rule="get-item", contains="'x-env'",
+        policy,
+        "/api/items/5",
+        roles=("api-reader",),
+        headers=h,
+        caps=frozenset({"get-item"}),
+        rule="get-item",
+        contains="'x-env'",
     )
 
 
-# --- path parameters ---------------------------------------------------------------------------
+# --- path parameters --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -244,7 +251,9 @@ def test_path_param_constraints(policy: Policy, raw: str) -> None:
     assert "rule 'read-host-metric'" in err.detail
 
 
-@pytest.mark.parametrize("value", ["0", "1001", "-1", "+1", " 1", "1_0", "0x10", "01", "1.0", "1e3", "", "١"])
+@pytest.mark.parametrize(
+    "value", ["0", "1001", "-1", "+1", " 1", "1_0", "0x10", "01", "1.0", "1e3", "", "١"]
+)
 def test_integer_path_param_refuses_non_canonical_integers(policy: Policy, value: str) -> None:
     from urllib.parse import quote
 
@@ -273,7 +282,10 @@ def test_empty_segment_never_fills_a_param(policy: Policy) -> None:
     m = match(policy, "/api/items/", roles=("api-reader",), headers={"X-Env": "dev"})
     assert m.rule.id == "list-slash"
     err = no_rule(
-        policy, "/api/items/", roles=("api-reader",), headers={"X-Env": "dev"},
+        policy,
+        "/api/items/",
+        roles=("api-reader",),
+        headers={"X-Env": "dev"},
         caps=frozenset({"get-item-any"}),
     )
     assert "path parameter" not in err.detail  # not a near miss: the shape differs
@@ -290,7 +302,9 @@ def test_query_enum_allows(policy: Policy, window: str) -> None:
 @pytest.mark.parametrize("window", ["2h", "5M", "5m%20", "", "1m,5m"])
 def test_query_enum_refuses(policy: Policy, window: str) -> None:
     query_invalid(
-        policy, f"/metrics/metrics/cpu?window={window}", rule="read-cpu",
+        policy,
+        f"/metrics/metrics/cpu?window={window}",
+        rule="read-cpu",
         contains="query parameter 'window' must be one of ['15m', '1m', '5m']",
     )
 
@@ -301,7 +315,9 @@ def test_query_required(policy: Policy) -> None:
 
 def test_query_repeated_is_refused_unless_allowed(policy: Policy) -> None:
     query_invalid(
-        policy, "/metrics/metrics/cpu?window=5m&window=1m", rule="read-cpu",
+        policy,
+        "/metrics/metrics/cpu?window=5m&window=1m",
+        rule="read-cpu",
         contains="'window' is repeated",
     )
     m = match(policy, "/logs/logs/application?tag=a&tag=b&tag=c")
@@ -310,14 +326,18 @@ def test_query_repeated_is_refused_unless_allowed(policy: Policy) -> None:
 
 def test_query_repeat_checks_every_value(policy: Policy) -> None:
     query_invalid(
-        policy, "/logs/logs/application?tag=a&tag=B", rule="read-logs",
+        policy,
+        "/logs/logs/application?tag=a&tag=B",
+        rule="read-logs",
         contains="'tag' must match",
     )
 
 
 def test_unknown_query_parameter_is_refused(policy: Policy) -> None:
     query_invalid(
-        policy, "/metrics/metrics/cpu?window=5m&debug=1", rule="read-cpu",
+        policy,
+        "/metrics/metrics/cpu?window=5m&debug=1",
+        rule="read-cpu",
         contains="'debug' is not allowed by rule 'read-cpu'",
     )
 
@@ -325,9 +345,14 @@ def test_unknown_query_parameter_is_refused(policy: Policy) -> None:
 def test_unknown_query_parameter_with_allow_extra_query(policy: Policy) -> None:
     m = match(policy, "/api/search?q=x&anything=1&more=2", roles=("api-reader",))
     assert m.rule.id == "search"
-    query_invalid(policy, "/api/search?x=1", roles=("api-reader",), rule="search", contains="'q' is required")
     query_invalid(
-        policy, "/api/search?q=01234567890", roles=("api-reader",), rule="search",
+        policy, "/api/search?x=1", roles=("api-reader",), rule="search", contains="'q' is required"
+    )
+    query_invalid(
+        policy,
+        "/api/search?q=01234567890",
+        roles=("api-reader",),
+        rule="search",
         contains="longer than 10",
     )
 
@@ -336,7 +361,9 @@ def test_encoded_parameter_name_is_matched_decoded(policy: Policy) -> None:
     # "win%64ow" would be ambiguous (%64 is 'd'), refused before matching; an encoded '='
     # in a name makes another name, which is unknown here.
     query_invalid(
-        policy, "/metrics/metrics/cpu?window%3D5m=1&window=5m", rule="read-cpu",
+        policy,
+        "/metrics/metrics/cpu?window%3D5m=1&window=5m",
+        rule="read-cpu",
         contains="'window=5m' is not allowed",
     )
 
@@ -370,7 +397,9 @@ def test_query_int_range_allows(policy: Policy, limit: str) -> None:
 )
 def test_query_int_refuses(policy: Policy, limit: str, why: str) -> None:
     query_invalid(
-        policy, f"/logs/logs/application?limit={limit}", rule="read-logs",
+        policy,
+        f"/logs/logs/application?limit={limit}",
+        rule="read-logs",
         contains="'limit' must be an integer" if why == "integer" else why,
     )
 
@@ -387,11 +416,15 @@ def test_query_shorthand_list_is_an_enum(policy: Policy, level: str) -> None:
 
 
 def test_query_regex_is_a_full_match(policy: Policy) -> None:
-    query_invalid(policy, "/logs/logs/application?tag=abc1", rule="read-logs", contains="must match")
+    query_invalid(
+        policy, "/logs/logs/application?tag=abc1", rule="read-logs", contains="must match"
+    )
     query_invalid(
         policy, "/logs/logs/application?tag=abcdefghi", rule="read-logs", contains="must match"
     )
-    query_invalid(policy, "/logs/logs/application?tag=a%20", rule="read-logs", contains="must match")
+    query_invalid(
+        policy, "/logs/logs/application?tag=a%20", rule="read-logs", contains="must match"
+    )
 
 
 def test_regex_does_not_let_a_trailing_newline_through() -> None:
@@ -411,14 +444,24 @@ def test_header_constraints(policy: Policy) -> None:
     assert match(policy, "/api/items/7", headers={"X-Env": "prod"}, **kw).rule.id == "get-item"
     m = match(policy, "/api/items/7", headers={"X-Env": "staging", "X-Trace": "0123abcd"}, **kw)
     assert m.rule.id == "get-item"
-    query_invalid(policy, "/api/items/7", headers={}, rule="get-item", contains="'x-env' is required", **kw)
     query_invalid(
-        policy, "/api/items/7", headers={"X-Env": "dev"}, rule="get-item",
-        contains="header 'x-env' must be one of", **kw,
+        policy, "/api/items/7", headers={}, rule="get-item", contains="'x-env' is required", **kw
     )
     query_invalid(
-        policy, "/api/items/7", headers={"X-Env": "prod", "X-Trace": "xyz"}, rule="get-item",
-        contains="header 'x-trace' must match", **kw,
+        policy,
+        "/api/items/7",
+        headers={"X-Env": "dev"},
+        rule="get-item",
+        contains="header 'x-env' must be one of",
+        **kw,
+    )
+    query_invalid(
+        policy,
+        "/api/items/7",
+        headers={"X-Env": "prod", "X-Trace": "xyz"},
+        rule="get-item",
+        contains="header 'x-trace' must match",
+        **kw,
     )
 
 
@@ -428,8 +471,12 @@ def test_header_names_are_case_insensitive_in_a_plain_mapping(policy: Policy) ->
     assert match(policy, "/api/items/7", headers={"x-env": "prod"}, **kw).rule.id == "get-item"
     assert match(policy, "/api/items/7", headers={"X-ENV": "prod"}, **kw).rule.id == "get-item"
     query_invalid(
-        policy, "/api/items/7", headers={"X-ENV": "prod", "x-trace": "nothex!!"}, rule="get-item",
-        contains="'x-trace' must match", **kw,
+        policy,
+        "/api/items/7",
+        headers={"X-ENV": "prod", "x-trace": "nothex!!"},
+        rule="get-item",
+        contains="'x-trace' must match",
+        **kw,
     )
 
 
@@ -437,15 +484,29 @@ def test_repeated_header_is_refused_unless_allowed(policy: Policy) -> None:
     kw: dict[str, Any] = {"roles": ("writer",), "method": "PUT"}
     h = CIMultiDict([("X-Env", "prod"), ("x-env", "prod")])
     query_invalid(
-        policy, "/api/items/7", roles=("api-reader",), caps=frozenset({"get-item"}),
-        headers=h, rule="get-item", contains="'x-env' is repeated",
+        policy,
+        "/api/items/7",
+        roles=("api-reader",),
+        caps=frozenset({"get-item"}),
+        headers=h,
+        rule="get-item",
+        contains="'x-env' is repeated",
     )
     ok = CIMultiDict([("X-Tags", "a"), ("x-tags", "b")])
     assert match(policy, "/api/items/7", headers=ok, **kw).rule.id == "put-item"
     bad = CIMultiDict([("X-Tags", "a"), ("X-Tags", "c")])
-    query_invalid(policy, "/api/items/7", headers=bad, rule="put-item", contains="'x-tags' must be one of", **kw)
+    query_invalid(
+        policy,
+        "/api/items/7",
+        headers=bad,
+        rule="put-item",
+        contains="'x-tags' must be one of",
+        **kw,
+    )
     once = CIMultiDict([("X-Once", "x"), ("X-ONCE", "x")])
-    query_invalid(policy, "/api/items/7", headers=once, rule="put-item", contains="'x-once' is repeated", **kw)
+    query_invalid(
+        policy, "/api/items/7", headers=once, rule="put-item", contains="'x-once' is repeated", **kw
+    )
 
 
 def test_headers_not_named_by_the_rule_are_not_checked(policy: Policy) -> None:
@@ -454,7 +515,7 @@ def test_headers_not_named_by_the_rule_are_not_checked(policy: Policy) -> None:
     assert match(policy, "/api/items/7", headers=h, **kw).rule.id == "get-item"
 
 
-# --- rule order and the reported reason -----------------------------------------------------------
+# --- rule order and the reported reason -------------------------------------------------------
 
 
 def test_query_invalid_names_the_nearest_rule_and_a_later_rule_still_wins(policy: Policy) -> None:
@@ -463,8 +524,12 @@ def test_query_invalid_names_the_nearest_rule_and_a_later_rule_still_wins(policy
     assert m.rule.id == "get-item-any"
     # Neither allows: the first near miss is reported, with its rule id.
     query_invalid(
-        policy, "/api/items/7", roles=("api-reader",), headers={"X-Env": "test"},
-        rule="get-item", contains="'x-env' must be one of ['prod', 'staging']",
+        policy,
+        "/api/items/7",
+        roles=("api-reader",),
+        headers={"X-Env": "test"},
+        rule="get-item",
+        contains="'x-env' must be one of ['prod', 'staging']",
     )
 
 
@@ -474,7 +539,7 @@ def test_path_param_failure_is_no_rule_with_the_reason(policy: Policy) -> None:
     assert err.rule is None
 
 
-# --- MCP tools -------------------------------------------------------------------------------
+# --- MCP tools --------------------------------------------------------------------------------
 
 
 def test_tool_rules(policy: Policy) -> None:
@@ -498,9 +563,24 @@ def test_tool_rules(policy: Policy) -> None:
 
 @pytest.mark.parametrize(
     "value,ok",
-    [("0", True), ("-0", True), ("7", True), ("-7", True), ("999999999999999999", True),
-     ("9999999999999999999", False), ("+7", False), (" 7", False), ("7 ", False), ("7\n", False),
-     ("07", False), ("0x7", False), ("7_0", False), ("٧", False), ("", False), ("-", False)],
+    [
+        ("0", True),
+        ("-0", True),
+        ("7", True),
+        ("-7", True),
+        ("999999999999999999", True),
+        ("9999999999999999999", False),
+        ("+7", False),
+        (" 7", False),
+        ("7 ", False),
+        ("7\n", False),
+        ("07", False),
+        ("0x7", False),
+        ("7_0", False),
+        ("٧", False),
+        ("", False),
+        ("-", False),
+    ],
 )
 def test_constraint_integer_syntax(value: str, ok: bool) -> None:
     c = Constraint(name="n", integer=True)

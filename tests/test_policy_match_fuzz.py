@@ -71,13 +71,61 @@ INT = re.compile(r"-?(0|[1-9][0-9]*)")
 # --- generation -------------------------------------------------------------------------------
 
 words = st.sampled_from(
-    ["items", "a", "b", "1", "5", "99", "100", "0", "-1", "01", "+1", "x", "abc", "abcd",
-     "one", "two", "three", "%20", "%C3%A9", "", "A", "1_0", "0x1", "%2B1"]
+    [
+        "items",
+        "a",
+        "b",
+        "1",
+        "5",
+        "99",
+        "100",
+        "0",
+        "-1",
+        "01",
+        "+1",
+        "x",
+        "abc",
+        "abcd",
+        "one",
+        "two",
+        "three",
+        "%20",
+        "%C3%A9",
+        "",
+        "A",
+        "1_0",
+        "0x1",
+        "%2B1",
+    ]
 )
 names = st.sampled_from(["view", "n", "tag", "dry", "extra", "VIEW", "v%20iew", "tag%20"])
 values = st.sampled_from(
-    ["full", "short", "FULL", "", "1", "-5", "5", "6", "-6", "0", "-0", "01", "+1", "%2B1",
-     "%201", "a", "ab", "abc", "abcd", "d", "x+y", "%26", "1e1", "%D9%A1"]
+    [
+        "full",
+        "short",
+        "FULL",
+        "",
+        "1",
+        "-5",
+        "5",
+        "6",
+        "-6",
+        "0",
+        "-0",
+        "01",
+        "+1",
+        "%2B1",
+        "%201",
+        "a",
+        "ab",
+        "abc",
+        "abcd",
+        "d",
+        "x+y",
+        "%26",
+        "1e1",
+        "%D9%A1",
+    ]
 )
 
 
@@ -134,7 +182,7 @@ caps_strategy = st.one_of(
     st.frozensets(st.sampled_from(["item", "item-any", "list", "nested", "post", "ghost"])),
 )
 
-# --- the oracle ----------------------------------------------------------------------------------
+# --- the oracle -------------------------------------------------------------------------------
 
 
 def _value_ok(c: Any, value: str) -> bool:
@@ -203,7 +251,10 @@ def _headers_ok(rule: Rule, headers: CIMultiDict[str]) -> bool:
 
 
 def oracle(
-    roles: tuple[str, ...], caps: frozenset[str] | None, target: Target, method: str,
+    roles: tuple[str, ...],
+    caps: frozenset[str] | None,
+    target: Target,
+    method: str,
     headers: CIMultiDict[str],
 ) -> tuple[str, str | None]:
     """("allow", rule id) | ("query_invalid", rule id) | ("no_rule", None)."""
@@ -229,7 +280,7 @@ def oracle(
     return ("query_invalid", near) if near else ("no_rule", None)
 
 
-# --- properties ---------------------------------------------------------------------------------
+# --- properties -------------------------------------------------------------------------------
 
 
 @FUZZ
@@ -264,7 +315,8 @@ def test_match_agrees_with_the_oracle(
     assert shape and params_ok and dict(m.params) == params
     literal = [s for s in rule.path.segments if isinstance(s, str)]
     assert literal == [
-        got for want, got in zip(rule.path.segments, target.segments, strict=True)
+        got
+        for want, got in zip(rule.path.segments, target.segments, strict=True)
         if isinstance(want, str)
     ]
     assert _query_ok(rule, target.query_pairs)

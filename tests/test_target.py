@@ -276,3 +276,13 @@ def test_target_is_immutable() -> None:
     t = parse_target("/up/x")
     with pytest.raises(AttributeError):
         t.rest = "/admin"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("escape", ["%21", "%24", "%26", "%27", "%28", "%29", "%2A", "%2B", "%2C", "%3D", "%3A", "%40"])
+def test_path_escapes_of_characters_that_may_stand_as_they_are_are_refused(escape: str) -> None:
+    # "+" and "%2B" would be two spellings of one segment.
+    with pytest.raises(TargetAmbiguous) as err:
+        parse_target(f"/up/a{escape}b")
+    assert err.value.reason.value == "target_ambiguous"
+    # In the query they are data (e.g. a literal '&' or '=' in a value) and stay allowed.
+    assert parse_target(f"/up/x?q=a{escape}b").query_pairs[0][0] == "q"

@@ -23,9 +23,47 @@ UNRESERVED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~
 SUB_DELIMS_PATH = "!$&'()*+,=:@"  # pchar minus ';' and unreserved
 # Characters and fragments that make parsers disagree: biased input for (a).
 TRICKY = [
-    "/", "//", ".", "..", "%", "%2F", "%2f", "%2E", "%2e", "%25", "%5C", "%3B", "%00", "%0A",
-    "%41", "%C3%A9", "%FF", "?", "&", "=", "#", ";", "\\", "+", " ", "\x00", "\n", "é", "up",
-    "metrics", "a", "Z", "0", "%G", "%4", "%%", "*", "http://", ":", "@", "~",
+    "/",
+    "//",
+    ".",
+    "..",
+    "%",
+    "%2F",
+    "%2f",
+    "%2E",
+    "%2e",
+    "%25",
+    "%5C",
+    "%3B",
+    "%00",
+    "%0A",
+    "%41",
+    "%C3%A9",
+    "%FF",
+    "?",
+    "&",
+    "=",
+    "#",
+    ";",
+    "\\",
+    "+",
+    " ",
+    "\x00",
+    "\n",
+    "é",
+    "up",
+    "metrics",
+    "a",
+    "Z",
+    "0",
+    "%G",
+    "%4",
+    "%%",
+    "*",
+    "http://",
+    ":",
+    "@",
+    "~",
 ]
 
 upstream_names = st.from_regex(re.compile(r"[a-z0-9][a-z0-9_-]{0,10}"), fullmatch=True)
@@ -40,7 +78,7 @@ def _parse(raw: str) -> Target | None:
         return None
 
 
-# --- (a) ---------------------------------------------------------------------------------------
+# --- (a) --------------------------------------------------------------------------------------
 
 
 @FUZZ
@@ -58,13 +96,11 @@ def test_anything_is_parsed_or_refused_as_ambiguous(raw: str) -> None:
     assert t.raw == raw
 
 
-# --- canonical target generation ----------------------------------------------------------------
+# --- canonical target generation --------------------------------------------------------------
 
 # Decoded segment text: any non-control Unicode, minus the characters no segment may decode to.
 segment_text = st.text(
-    alphabet=st.characters(
-        blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\;%."
-    ),
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\;%."),
     min_size=1,
     max_size=8,
 ) | st.sampled_from(["a.b", "...", "..a", "a..", "x"])
@@ -91,8 +127,8 @@ def canonical_targets(draw: st.DrawFn) -> tuple[str, str, list[str], list[tuple[
     upstream = draw(upstream_names)
     segments = draw(st.lists(segment_text, max_size=5))
     trailing = draw(st.booleans())
-    keep = draw(st.sampled_from(["", SUB_DELIMS_PATH]))
-    path = "/" + upstream + "".join("/" + encode(s, keep=keep) for s in segments)
+    # Canonical paths write sub-delims, ':' and '@' as they are (their escapes are refused).
+    path = "/" + upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in segments)
     if trailing:
         path += "/"
         segments = [*segments, ""]
@@ -103,7 +139,7 @@ def canonical_targets(draw: st.DrawFn) -> tuple[str, str, list[str], list[tuple[
     return raw, upstream, segments, pairs
 
 
-# --- (b) ---------------------------------------------------------------------------------------
+# --- (b) --------------------------------------------------------------------------------------
 
 
 def _independent_decode(raw_part: str, *, plus: bool) -> str:
@@ -134,8 +170,10 @@ def _check_accepted(t: Target) -> None:
             n, _, v = pair.partition("=")
             expected.append((_independent_decode(n, plus=True), _independent_decode(v, plus=True)))
         assert list(t.query_pairs) == expected
-    # one meaning: a maximal re-encoding of the decoded parts means the same thing
-    again = "/" + t.upstream + "".join("/" + encode(s, keep="") for s in t.segments)
+    # one spelling: re-encoding the decoded path gives back exactly the raw path
+    assert "/" + t.upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in t.segments) == path
+    # one meaning: re-encoding the decoded parts means the same thing
+    again = "/" + t.upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in t.segments)
     if t.query_pairs:
         again += "?" + "&".join(
             f"{encode(n, keep='')}={encode(v, keep='')}" for n, v in t.query_pairs
@@ -168,19 +206,69 @@ def test_generated_canonical_targets_are_accepted_with_their_decoded_parts(
     _check_accepted(t)
 
 
-# --- (c) ---------------------------------------------------------------------------------------
+# --- (c) --------------------------------------------------------------------------------------
 
 # Dangerous as a segment of their own, or glued to either end of a segment.
 PATH_DANGERS = [
-    "%2E%2E", "%2e%2e", ".%2E", "%2E.", "%2E", "%2F", "%2f", "%5C", "%5c", "\\", ";", ";x=1",
-    "%3B", "%00", "%0A", "%0D", "%7F", "%252F", "%252e", "%25", "%41", "%G1", "#", "#frag",
-    "é", " ", "\x00", "\n", "%FF", "%c3%a9", "{x}", "|", "<", "^", '"', "%u002e",
+    "%2E%2E",
+    "%2e%2e",
+    ".%2E",
+    "%2E.",
+    "%2E",
+    "%2F",
+    "%2f",
+    "%5C",
+    "%5c",
+    "\\",
+    ";",
+    ";x=1",
+    "%3B",
+    "%00",
+    "%0A",
+    "%0D",
+    "%7F",
+    "%252F",
+    "%252e",
+    "%25",
+    "%41",
+    "%G1",
+    "#",
+    "#frag",
+    "é",
+    " ",
+    "\x00",
+    "\n",
+    "%FF",
+    "%c3%a9",
+    "{x}",
+    "|",
+    "<",
+    "^",
+    '"',
+    "%u002e",
 ]
 # Dangerous only as a segment of their own ("a.." is a fine name, "%4" + "0" is "%40").
 OWN_SEGMENT_DANGERS = ["..", ".", "%", "%4"]
 QUERY_DANGERS = [
-    "", "a", "a=1&&b=2", "a=1;b=2", "a=%00", "a=%0A", "a=%252F", "a=%2f", "a=%41", "a=%",
-    "a=%G1", "=1", "a=1#x", "a=\\", "a=é", "a= ", "a=%FF", "a=%7F", "a=%4",
+    "",
+    "a",
+    "a=1&&b=2",
+    "a=1;b=2",
+    "a=%00",
+    "a=%0A",
+    "a=%252F",
+    "a=%2f",
+    "a=%41",
+    "a=%",
+    "a=%G1",
+    "=1",
+    "a=1#x",
+    "a=\\",
+    "a=é",
+    "a= ",
+    "a=%FF",
+    "a=%7F",
+    "a=%4",
 ]
 
 

@@ -18,10 +18,13 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway import tokens
 from gateway.errors import ConfigError, Reason, TokenExpired, TokenInvalid
 from gateway.tokens import (
+    REQUIRED_CLAIMS,
     TOKEN_TYPE,
     Keyset,
     TokenSettings,
@@ -35,6 +38,7 @@ from gateway.tokens import (
 )
 from tests.helpers_core import (
     DROP,
+    FUZZ,
     Clock,
     Signer,
     b64,
@@ -174,19 +178,23 @@ def test_extra_claims_are_kept_but_do_not_change_identity(ed: Signer) -> None:
     assert c.agent == "agent-1"
 
 
-# --- algorithm attacks --------------------------------------------------------------------------
+# --- algorithm attacks ------------------------------------------------------------------------
 
 
 def test_alg_none_is_refused(ed: Signer, decode_calls: list[str]) -> None:
     v = ed.verifier()
-    unsigned = f"{b64(json.dumps(ed.header(alg='none')).encode())}.{b64(json.dumps(claims()).encode())}."
+    unsigned = (
+        f"{b64(json.dumps(ed.header(alg='none')).encode())}.{b64(json.dumps(claims()).encode())}."
+    )
     refused(v, unsigned)
     # With some signature bytes, so it is the algorithm check that refuses, not the empty part.
     with_sig = unsigned + b64(b"\x00" * 64)
     refused(v, with_sig, contains="algorithm must be EdDSA")
     for alg in ("None", "NONE", "nOnE"):
         h = b64(json.dumps(ed.header(alg=alg)).encode())
-        refused(v, f"{h}.{b64(json.dumps(claims()).encode())}.{b64(b'x' * 64)}", contains="algorithm")
+        refused(
+            v, f"{h}.{b64(json.dumps(claims()).encode())}.{b64(b'x' * 64)}", contains="algorithm"
+        )
     assert decode_calls == []
 
 
@@ -223,7 +231,9 @@ def test_eddsa_token_on_an_es256_gateway_is_refused(ed: Signer, es: Signer) -> N
     refused(v, mint_token(ed.key, agent="a", roles=["r"]), contains="algorithm must be ES256")
 
 
-def test_eddsa_header_with_es256_signature_bytes_fails_the_signature(ed: Signer, es: Signer) -> None:
+def test_eddsa_header_with_es256_signature_bytes_fails_the_signature(
+    ed: Signer, es: Signer
+) -> None:
     # alg says EdDSA and kid names the EdDSA key, but the bytes were signed by another key.
     token = sign_jws(ed.header(), claims(), es.key)
     refused(ed.verifier(), token, contains="signature does not verify")
@@ -366,7 +376,9 @@ def test_exp_not_after_iat_is_refused(ed: Signer) -> None:
 
 def test_lifetime_above_the_default_maximum_is_refused(ed: Signer) -> None:
     now = int(time.time())
-    err = refused(ed.verifier(), ed.sign(claims(exp=now + 3601)), contains="longer than the allowed 3600 s")
+    err = refused(
+        ed.verifier(), ed.sign(claims(exp=now + 3601)), contains="longer than the allowed 3600 s"
+    )
     assert err.errors == [{"claim": "exp"}]
     assert ed.verifier().verify(ed.sign(claims(exp=now + 3600))).expires_at == now + 3600
 
@@ -411,14 +423,16 @@ def test_wrong_issuer_is_refused(ed: Signer, iss: str) -> None:
     assert err.errors == [{"claim": "iss"}]
 
 
-# --- required claims and their types --------------------------------------------------------
+# --- required claims and their types ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["iss", "aud", "sub", "iat", "nbf", "exp", "jti", "roles"])
 def test_each_required_claim_missing_is_refused(
     ed: Signer, decode_calls: list[str], name: str
 ) -> None:
-    err = refused(ed.verifier(), ed.sign(claims(**{name: DROP})), contains=f"missing the '{name}' claim")
+    err = refused(
+        ed.verifier(), ed.sign(claims(**{name: DROP})), contains=f"missing the '{name}' claim"
+    )
     assert err.errors == [{"claim": name}]
     assert decode_calls == []  # refused before any signature work
 
@@ -472,9 +486,14 @@ def test_non_finite_or_huge_exp_is_refused_without_crashing(
     # OverflowError before the signature was checked, so anyone could turn a 401 into a 500.
     now = int(time.time())
     body = (
-        '{"iss":"capgate","aud":"capgate","sub":"a","iat":%d,"nbf":%d,"exp":%s,'
-        '"jti":"j","roles":["r"]}' % (now, now, literal)
-    ).encode()
+        (
+            '{"iss":"capgate","aud":"capgate","sub":"a","iat":NOW,"nbf":NOW,"exp":EXP,'
+            '"jti":"j","roles":["r"]}'
+        )
+        .replace("NOW", str(now))
+        .replace("EXP", literal)
+        .encode()
+    )
     signed = sign_jws(ed.header(), body, ed.key)
     unsigned = signed.rsplit(".", 1)[0] + "." + b64(b"\x00" * 64)
     for token in (signed, unsigned):
@@ -482,7 +501,7 @@ def test_non_finite_or_huge_exp_is_refused_without_crashing(
     assert decode_calls == []
 
 
-# --- size, segments, encoding ---------------------------------------------------------------
+# --- size, segments, encoding -----------------------------------------------------------------
 
 
 def test_oversized_token_is_refused_before_any_parsing(ed: Signer, decode_calls: list[str]) -> None:
@@ -600,26 +619,39 @@ def test_duplicate_key_in_payload_is_refused(ed: Signer) -> None:
     # PyJWT keeps the last "sub"; another parser would keep the first. Hand-built and signed.
     now = int(time.time())
     payload = (
-        '{"iss":"capgate","aud":"capgate","sub":"admin","iat":%d,"nbf":%d,"exp":%d,'
-        '"jti":"j","roles":["r"],"sub":"agent-1"}' % (now, now, now + 60)
-    ).encode()
+        (
+            '{"iss":"capgate","aud":"capgate","sub":"admin","iat":NOW,"nbf":NOW,"exp":EXP,'
+            '"jti":"j","roles":["r"],"sub":"agent-1"}'
+        )
+        .replace("NOW", str(now))
+        .replace("EXP", str(now + 60))
+        .encode()
+    )
     token = sign_jws(ed.header(), payload, ed.key)
     # The signature is valid: PyJWT alone would accept it.
-    assert jwt.decode(token, ed.key.public_key(), algorithms=["EdDSA"], audience="capgate")["sub"] == "agent-1"
+    assert (
+        jwt.decode(token, ed.key.public_key(), algorithms=["EdDSA"], audience="capgate")["sub"]
+        == "agent-1"
+    )
     refused(ed.verifier(), token, contains="duplicated key 'sub'")
 
 
 def test_duplicate_key_in_header_is_refused(ed: Signer) -> None:
-    header = ('{"alg":"none","alg":"EdDSA","typ":"%s","kid":"%s"}' % (TOKEN_TYPE, ed.kid)).encode()
+    header = f'{{"alg":"none","alg":"EdDSA","typ":"{TOKEN_TYPE}","kid":"{ed.kid}"}}'.encode()
     refused(ed.verifier(), sign_jws(header, claims(), ed.key), contains="duplicated key 'alg'")
 
 
 def test_duplicate_key_nested_in_payload_is_refused(ed: Signer) -> None:
     now = int(time.time())
     payload = (
-        '{"iss":"capgate","aud":"capgate","sub":"a","iat":%d,"nbf":%d,"exp":%d,'
-        '"jti":"j","roles":["r"],"ctx":{"k":1,"k":2}}' % (now, now, now + 60)
-    ).encode()
+        (
+            '{"iss":"capgate","aud":"capgate","sub":"a","iat":NOW,"nbf":NOW,"exp":EXP,'
+            '"jti":"j","roles":["r"],"ctx":{"k":1,"k":2}}'
+        )
+        .replace("NOW", str(now))
+        .replace("EXP", str(now + 60))
+        .encode()
+    )
     refused(ed.verifier(), sign_jws(ed.header(), payload, ed.key), contains="duplicated key 'k'")
 
 
@@ -629,7 +661,7 @@ def test_deeply_nested_payload_is_refused_not_crashing(ed: Signer) -> None:
     refused(ed.verifier(max_size=10**7), token)
 
 
-# --- the cache ------------------------------------------------------------------------------
+# --- the cache --------------------------------------------------------------------------------
 
 
 def test_same_token_twice_checks_the_signature_once(ed: Signer, decode_calls: list[str]) -> None:
@@ -679,7 +711,9 @@ def test_cached_token_expires_when_the_clock_moves(ed: Signer, decode_calls: lis
     assert len(decode_calls) == 2
 
 
-def test_forget_with_predicate_drops_only_matching_entries(ed: Signer, decode_calls: list[str]) -> None:
+def test_forget_with_predicate_drops_only_matching_entries(
+    ed: Signer, decode_calls: list[str]
+) -> None:
     v = ed.verifier()
     ta = ed.sign(claims(sub="alice", jti="ja"))
     tb = ed.sign(claims(sub="bob", jti="jb"))
@@ -704,7 +738,7 @@ def test_cache_is_bounded(ed: Signer, decode_calls: list[str]) -> None:
     assert decode_calls == [toks[0], toks[1], toks[2], toks[0]]
 
 
-# --- keysets ---------------------------------------------------------------------------------
+# --- keysets ----------------------------------------------------------------------------------
 
 
 def test_keyset_with_private_key_is_refused(ed: Signer) -> None:
@@ -786,7 +820,7 @@ def test_keyset_from_file(tmp_path: Path, ed: Signer) -> None:
         Keyset.from_file(p, "ES256")
 
 
-# --- key files ---------------------------------------------------------------------------------
+# --- key files --------------------------------------------------------------------------------
 
 
 def _thumbprint(jwk: dict[str, str]) -> str:
@@ -900,3 +934,68 @@ def test_inspect_token_with_bad_payload_keeps_the_header(ed: Signer) -> None:
     header, payload = inspect_token(f"{h}.{b64(b'{not json')}.{s}")
     assert header is not None and header["alg"] == "EdDSA"
     assert payload is None
+
+
+# --- properties --------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_FUZZ_SIGNER = Signer("EdDSA")
+
+
+@FUZZ
+@given(
+    st.dictionaries(
+        st.sampled_from(["iss", "aud", "sub", "iat", "nbf", "exp", "jti", "roles", "caps", "run"]),
+        _json | st.integers(min_value=-(10**400), max_value=10**400),
+        max_size=4,
+    ),
+    st.lists(
+        st.sampled_from(["iss", "aud", "sub", "iat", "nbf", "exp", "jti", "roles"]), max_size=2
+    ),
+)
+def test_any_signed_payload_is_verified_or_refused_never_crashes(
+    override: dict[str, Any], drop: list[str]
+) -> None:
+    payload = claims(**override)
+    for name in drop:
+        payload.pop(name, None)
+    token = _FUZZ_SIGNER.sign(payload)
+    try:
+        c = _FUZZ_SIGNER.verifier().verify(token)
+    except (TokenInvalid, TokenExpired):
+        return
+    # Accepted: every required claim was present with a sane type and value.
+    assert not set(drop) & set(REQUIRED_CLAIMS)
+    assert c.roles and all(isinstance(r, str) and r for r in c.roles)
+    assert isinstance(c.agent, str) and "/" not in c.agent
+    assert c.issued_at <= c.expires_at and c.expires_at - c.issued_at <= 3600
+    assert c.caps is None or isinstance(c.caps, frozenset)
+
+
+@FUZZ
+@given(st.data())
+def test_mangled_tokens_are_refused_never_crash(data: st.DataObject) -> None:
+    token = _FUZZ_SIGNER.sign(claims())
+    how = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+    i = data.draw(st.integers(0, len(token) - 1))
+    ch = data.draw(st.sampled_from(list("Aa0-_.=+/ \x00é")))
+    mangled = {
+        "flip": token[:i] + ch + token[i + 1 :],
+        "insert": token[:i] + ch + token[i:],
+        "delete": token[:i] + token[i + 1 :],
+        "truncate": token[:i],
+    }[how]
+    if mangled == token:
+        return
+    try:
+        _FUZZ_SIGNER.verifier().verify(mangled)
+    except TokenInvalid:
+        return
+    # Only an edit that leaves the signed bytes and signature intact could pass.
+    raise AssertionError(f"accepted a mangled token: {how} at {i} with {ch!r}")

@@ -158,7 +158,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
             ):
                 m["url"].fail(
                     f"upstreams.{name}.url: expected an http(s) URL without query, "
-                    f"fragment or credentials, got {text!r}"
+                    f"fragment or credentials, got {text if '@' not in text else '<redacted>'!r}"
                 )
                 url = None
     kind = m["kind"].as_choice(("http", "mcp")) if "kind" in m else "http"
@@ -166,16 +166,16 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
     if "timeouts" in m:
         t = m["timeouts"].as_map(optional=("connect", "read"))
         if t:
-            connect = t["connect"].as_duration() or connect if "connect" in t else connect
-            read = t["read"].as_duration() or read if "read" in t else read
+            connect = _positive(t, "connect", connect, "as_duration")
+            read = _positive(t, "read", read, "as_duration")
     req_limit, resp_limit = 1024 * 1024, 16 * 1024 * 1024
     if "limits" in m:
         lim = m["limits"].as_map(optional=("request_body", "response_body"))
         if lim:
             if "request_body" in lim:
-                req_limit = lim["request_body"].as_size() or req_limit
+                req_limit = _positive(lim, "request_body", req_limit, "as_size")
             if "response_body" in lim:
-                resp_limit = lim["response_body"].as_size() or resp_limit
+                resp_limit = _positive(lim, "response_body", resp_limit, "as_size")
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
     if url is None or kind is None or creds is None:
         return None
@@ -189,6 +189,19 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         max_response_body=resp_limit,
         credentials=creds,
     )
+
+
+def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:
+    """A duration or size that must be above zero; ``default`` when absent or invalid."""
+    if key not in m:
+        return default
+    value = getattr(m[key], how)()
+    if value is None:
+        return default
+    if value <= 0:
+        m[key].fail(f"{m[key].where}: must be greater than zero")
+        return default
+    return value
 
 
 def _credentials(upstream: str, node: Node) -> Credentials | None:
@@ -332,6 +345,13 @@ def _rule(
     approval = False
     if "approval" in m:
         approval = m["approval"].as_choice(("required", "none")) == "required"
+        if approval:
+            # Fail closed: until held calls can be approved, a rule that needs approval must
+            # not load (it would otherwise forward calls nobody approved).
+            m["approval"].fail(
+                "approval: 'required' is not supported by this version of capgate; "
+                "remove the rule or set approval: none"
+            )
     rate = _rate(m["rate"]) if "rate" in m else None
     quota = m["quota"].as_int(minimum=1) if "quota" in m else None
     volatile = tuple(m["volatile"].as_str_list() or ()) if "volatile" in m else ()

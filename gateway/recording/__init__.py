@@ -1,0 +1,98 @@
+"""Record and replay: deterministic agent runs, with secrets never written down.
+
+Modules, in the order a call meets them:
+
+=================  ==========================================================================
+``redact.py``      the one redaction: provenance (injected credentials), names, token shapes;
+                   ``lint(dir)``
+``canonical.py``   the canonical call key: target, canonical body (JSON, SQL), volatile fields
+``format.py``      the versioned directory format; ``RecordingWriter`` (the one writer) and
+                   ``load_recording`` (validating reader)
+``compat.py``      step-by-step migrations of older versions
+``matching.py``    per-run replay state, nearest-recording explanations, end-of-run report
+``denial.py``      ``Denial`` and ``denial_of(call)``: refused calls, as transports observe them
+``har.py``         HAR 1.2 export and import
+``regress.py``     ``policy_test``: recorded traffic through a new policy, decisions compared
+``commands.py``    the ``capgate recording ...``, ``capgate policy test`` and ``capgate replay``
+                   command functions
+``placeholders.py``  credentials for replay in CI, where the real secrets do not exist
+``make_example.py``  regenerates ``recordings/example/`` from the mocks
+=================  ==========================================================================
+
+The transports live with the others: ``gateway/transports/record.py`` (``record``) and
+``gateway/transports/replay.py`` (``replay``, ``replay-or-record``, ``shadow``).
+``build_transport`` below is the one place a mode becomes a transport; ``app.py`` calls it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from gateway.errors import ConfigError
+from gateway.recording.format import RecordingError
+from gateway.transports.base import Transport
+
+MODES = ("live", "record", "replay", "replay-or-record", "shadow")
+
+
+def build_transport(
+    mode: str,
+    directory: Path | None,
+    live: Transport,
+    *,
+    ci: bool,
+    sample: float | None,
+    report_path: Path | None = None,
+    repeat_last: bool | Collection[str] = False,
+    run_map: Mapping[str, str] | None = None,
+) -> Transport:
+    """The transport for ``mode``; ``ConfigError`` (one readable line) when it cannot be built.
+
+    =====================  ===============================================================
+    mode                   transport
+    =====================  ===============================================================
+    ``live``               ``live`` itself
+    ``record``             ``RecordTransport(live, directory, sample=sample)``
+    ``replay``             ``ReplayTransport(directory)``; ``live`` is not used (it opens its
+                           client lazily, so it never connected)
+    ``replay-or-record``   replay, and record what misses; refused when ``ci`` is true
+    ``shadow``             live, each answer compared with the recording
+    =====================  ===============================================================
+
+    ``ci`` is whether the environment says ``CI=true`` (read by the caller, in ``config.py``);
+    ``report_path`` is where replay, replay-or-record and shadow write their end-of-run report
+    (JSON) on ``close()``; ``repeat_last`` lets rules (all, or those ids) answer repeated calls
+    with their last recording once the recorded ones are used up.
+    """
+    from gateway.transports.record import RecordTransport
+    from gateway.transports.replay import (
+        ReplayOrRecordTransport,
+        ReplayTransport,
+        ShadowTransport,
+    )
+
+    if mode not in MODES:
+        raise ConfigError(f"mode has value {mode!r}; expected one of {list(MODES)}")
+    if mode == "live":
+        return live
+    if directory is None:
+        raise ConfigError(f"mode {mode} needs a recordings directory (--recordings DIR)")
+    if sample is not None and not 0.0 <= sample <= 1.0:
+        raise ConfigError(f"sample has value {sample!r}; expected a fraction between 0 and 1")
+    try:
+        if mode == "record":
+            return RecordTransport(live, directory, sample=sample)
+        if mode == "replay":
+            return ReplayTransport(directory, repeat_last=repeat_last, run_map=run_map,
+                                   report_path=report_path)
+        if mode == "replay-or-record":
+            return ReplayOrRecordTransport(directory, live, ci=ci, sample=sample,
+                                           repeat_last=repeat_last, run_map=run_map,
+                                           report_path=report_path)
+        return ShadowTransport(directory, live, run_map=run_map, report_path=report_path)
+    except RecordingError as exc:
+        raise ConfigError(f"recordings: {exc}") from None
+
+
+__all__ = ["MODES", "RecordingError", "build_transport"]

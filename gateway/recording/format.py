@@ -42,6 +42,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -67,6 +68,8 @@ from gateway.recording.redact import (
 
 if TYPE_CHECKING:
     from gateway.policy.model import Rule
+
+log = logging.getLogger("capgate.recording")
 
 FORMAT = "capgate-recording"
 VERSION = CURRENT
@@ -345,17 +348,48 @@ class RecordingWriter:
             return entry
 
     def last_seq(self, run: str) -> int:
-        """The highest ``seq`` already in a run's file (0 for a new run)."""
+        """The highest ``seq`` already in a run's file (0 for a new run).
+
+        Called when a run starts in this process: a truncated last line left by a crash is
+        cut off first, so the lines appended now do not join it into one corrupt line.
+        """
         entry = self.runs.get(run)
         path = self.root / (entry.file if entry else run_file_name(run))
         if not path.exists():
             return 0
+        self._repair_tail(path)
         last = 0
         with path.open("rb") as fh:
             for raw in fh:
                 with contextlib.suppress(ValueError, AttributeError, TypeError):
                     last = max(last, int(json.loads(raw).get("seq", 0)))
         return last
+
+    @staticmethod
+    def _repair_tail(path: Path) -> None:
+        with path.open("r+b") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            # Find the last newline; everything after it is a half-written line.
+            pos = size
+            keep = 0
+            while pos > 0:
+                step = min(64 * 1024, pos)
+                pos -= step
+                fh.seek(pos)
+                block = fh.read(step)
+                nl = block.rfind(b"\n")
+                if nl != -1:
+                    keep = pos + nl + 1
+                    break
+            fh.truncate(keep)
+        log.warning("%s: cut off a truncated last line (a recorder stopped while writing it)",
+                    path)
 
     def drop_run(self, run: str, blobs: Sequence[str]) -> None:
         """Forget a run a sampler did not keep: its file, its entry and the blobs it created."""
@@ -743,7 +777,7 @@ class _Fields:
     def _fail(self, name: str, expected: str) -> RecordingError:
         value = self.data.get(name)
         shown = repr(value)[:60]
-        return RecordingError(f"{self.where}: field {self.prefix}{name!r} must be {expected}, "
+        return RecordingError(f"{self.where}: field {self.prefix + name!r} must be {expected}, "
                               f"not {shown}")
 
     def get(self, name: str, kind: type | tuple[type, ...], expected: str, optional: bool = False

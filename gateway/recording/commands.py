@@ -1,0 +1,251 @@
+"""Command functions for ``capgate recording ...``, ``capgate policy test`` and ``capgate replay``.
+
+``cli.py`` parses the arguments and calls these; each prints its result, prints one readable
+line (``capgate <command>: error: ...``) on failure, and returns the exit status:
+0 ok, 1 a negative verdict (secrets found, a regression, misses, the command failed), 2 the
+command could not run (bad input, no recording, the gateway did not start).
+
+    capgate recording lint DIR
+    capgate recording export-har DIR [-o OUT.har]
+    capgate recording import-har FILE.har DIR --map https://api.example.com=api ...
+    capgate policy test --policy NEW.yaml DIR [--allow-regressions]
+    capgate replay DIR [serve flags] -- COMMAND ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from gateway.recording.format import RecordingError, load_recording
+from gateway.recording.har import export_har, import_har
+from gateway.recording.matching import ReplayReport
+from gateway.recording.redact import lint
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+
+
+def _error(command: str, message: str) -> int:
+    print(f"capgate {command}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse_upstream_map(items: Sequence[str]) -> dict[str, str]:
+    """``["https://api.example.com=api"]`` -> ``{"https://api.example.com": "api"}``."""
+    out: dict[str, str] = {}
+    for item in items:
+        prefix, sep, name = item.rpartition("=")
+        if not sep or not prefix or not name or "://" not in prefix:
+            raise ValueError(f"--map {item!r}: expected URL_PREFIX=UPSTREAM, "
+                             "e.g. https://api.example.com=api")
+        out[prefix] = name
+    return out
+
+
+def cmd_recording_lint(directory: Path) -> int:
+    """Exit 1 if anything secret-looking is left in the recording, 0 if clean."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return _error("recording lint", f"{directory}: no such recording directory")
+    findings = lint(directory)
+    try:
+        load_recording(directory)
+    except RecordingError as exc:
+        for f in findings:
+            print(f)
+        return _error("recording lint", str(exc))
+    for f in findings:
+        print(f)
+    if findings:
+        print(f"{directory}: {len(findings)} finding(s); redact or re-record before sharing")
+        return EXIT_NEGATIVE
+    files = sum(1 for p in directory.rglob("*") if p.is_file())
+    print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
+    return EXIT_OK
+
+
+def cmd_export_har(directory: Path, out: Path | None) -> int:
+    """Write the recording as HAR 1.2 to ``out`` (stdout when None or '-')."""
+    try:
+        har = export_har(directory)
+    except RecordingError as exc:
+        return _error("recording export-har", str(exc))
+    text = json.dumps(har, indent=2, ensure_ascii=False) + "\n"
+    if out is None or str(out) == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        return _error("recording export-har", f"{out}: {exc.strerror}")
+    print(f"wrote {out} ({len(har['log']['entries'])} entries)")
+    return EXIT_OK
+
+
+def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, str]) -> int:
+    """Import a HAR file (from any tool) into a recording; redacted like any recording."""
+    if not upstream_map:
+        return _error("recording import-har", "give at least one --map URL_PREFIX=UPSTREAM")
+    try:
+        har = json.loads(Path(har_file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        return _error("recording import-har", f"{har_file}: {exc.strerror}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error("recording import-har", f"{har_file}: not JSON: {exc}")
+    try:
+        result = import_har(har, directory, upstream_map)
+    except RecordingError as exc:
+        return _error("recording import-har", f"{har_file}: {exc}")
+    skipped = ", ".join(f"{o} ({n})" for o, n in sorted(result.skipped.items()))
+    print(f"imported {result.imported} entries into {directory} "
+          f"(runs: {', '.join(sorted(result.runs)) or 'none'})"
+          + (f"; skipped entries of unmapped origins: {skipped}" if skipped else ""))
+    left = lint(directory)
+    if left:
+        print(f"warning: {len(left)} secret-looking value(s) remain; see "
+              f"'capgate recording lint {directory}'", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool = False) -> int:
+    """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied."""
+    from gateway.policy.load import load_policy
+    from gateway.policy.source import PolicyError
+    from gateway.recording.regress import policy_test
+
+    try:
+        policy = load_policy(policy_file)
+    except PolicyError as exc:
+        return _error("policy test", f"policy {policy_file} has errors:\n{exc}")
+    except OSError as exc:
+        return _error("policy test", f"{policy_file}: {exc.strerror}")
+    try:
+        report = asyncio.run(policy_test(policy, directory))
+    except RecordingError as exc:
+        return _error("policy test", str(exc))
+    print(report.text())
+    code = report.exit_code(allow_regressions)
+    if report.regressions and allow_regressions:
+        print(f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
+              "--allow-regressions)")
+    return code
+
+
+# --- capgate replay DIR -- COMMAND ------------------------------------------------------------
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _wait_ready(proc: subprocess.Popen[str], lines: queue.Queue[str | None], timeout: float
+                ) -> tuple[str | None, list[str]]:
+    """The gateway's URL from its ready line, or None; the lines seen before it."""
+    seen: list[str] = []
+    try:
+        while True:
+            line = lines.get(timeout=timeout)
+            if line is None:
+                return None, seen
+            if line.startswith("capgate ") and " listening " in line:
+                try:
+                    ready = json.loads(line.split(" listening ", 1)[1])
+                    return str(ready["url"]), seen
+                except (ValueError, KeyError, TypeError):
+                    return None, [*seen, line]
+            seen.append(line)
+    except queue.Empty:
+        return None, seen
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def replay_command(
+    directory: Path,
+    command: list[str],
+    serve_args: list[str],
+    environ: Mapping[str, str],
+    *,
+    gateway_argv: list[str] | None = None,
+    ready_timeout: float = READY_TIMEOUT,
+) -> int:
+    """Run ``command`` against a gateway replaying ``directory``; stop it; print the report.
+
+    The gateway is ``python -m gateway serve --mode replay --recordings DIR --replay-report
+    <tmp>/replay-report.json --port 0 <serve_args>`` (``gateway_argv`` replaces the first
+    part, for tests); the command gets ``CAPGATE_URL`` in its environment. Exit status: the
+    command's own when it failed, else 1 if any call missed, else 0; 2 when the gateway did
+    not start or wrote no report.
+    """
+    name = "replay"
+    if not command:
+        return _error(name, "no command to run; usage: capgate replay DIR -- COMMAND ...")
+    try:
+        load_recording(directory)  # fail early, with the recording's own error
+    except RecordingError as exc:
+        return _error(name, str(exc))
+    with tempfile.TemporaryDirectory(prefix="capgate-replay-") as tmp:
+        report_path = Path(tmp) / "replay-report.json"
+        argv = [
+            *(gateway_argv or [sys.executable, "-m", "gateway", "serve"]),
+            "--mode", "replay", "--recordings", str(directory),
+            "--replay-report", str(report_path), "--port", "0", *serve_args,
+        ]
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=dict(environ))
+        except OSError as exc:
+            return _error(name, f"cannot start the gateway: {exc.strerror}")
+        assert proc.stdout is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        try:
+            url, seen = _wait_ready(proc, lines, ready_timeout)
+            if url is None:
+                _stop(proc)
+                said = " ".join(s.strip() for s in seen[-3:])
+                return _error(name, "the gateway did not start"
+                              + (f" (exit status {proc.returncode})" if proc.returncode else "")
+                              + (f": {said}" if said else "; see its log above"))
+            env = {**environ, "CAPGATE_URL": url}
+            try:
+                status = subprocess.call(command, env=env)
+            except OSError as exc:
+                _stop(proc)
+                return _error(name, f"cannot run {command[0]!r}: {exc.strerror}")
+        finally:
+            _stop(proc)
+        try:
+            report = ReplayReport.from_dict(json.loads(report_path.read_text("utf-8")))
+        except (OSError, ValueError) as exc:
+            return _error(name, f"the gateway wrote no replay report ({exc})")
+    print(report.text())
+    if status != 0:
+        print(f"capgate replay: the command exited with status {status}", file=sys.stderr)
+        return status if status > 0 else EXIT_NEGATIVE
+    if report.misses:
+        print(f"capgate replay: {len(report.misses)} call(s) had no recording", file=sys.stderr)
+        return EXIT_NEGATIVE
+    return EXIT_OK
+

@@ -1,0 +1,92 @@
+"""Fixtures for the recording tests: the interim pipeline hooks, a recording gateway, and a
+replay gateway whose upstreams all point at a dead port."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from gateway.app import Gateway, build_gateway, create_app
+from gateway.config import Settings
+from gateway.recording.interim import install
+from gateway.transports.record import RecordTransport
+from gateway.transports.replay import ReplayTransport
+from mocks.demo import Workspace, rewrite_policy_urls
+from tests.conftest import TEST_POLICY
+
+DEAD = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
+
+
+@pytest.fixture(autouse=True)
+def interim_hooks() -> Iterator[None]:
+    """The pipeline hooks recording needs (roles/caps on requests, observe_denial), emulated
+    until they are wired for real; a no-op for each hook once it is."""
+    undo = install()
+    yield
+    undo()
+
+
+@dataclasses.dataclass
+class Recorded:
+    client: TestClient[Any, Any]
+    gateway: Gateway
+    directory: Path
+
+    @property
+    def transport(self) -> RecordTransport:
+        assert isinstance(self.gateway.transport, RecordTransport)
+        return self.gateway.transport
+
+    async def finish(self) -> Path:
+        await self.gateway.transport.close()
+        return self.directory
+
+
+@pytest.fixture
+async def recorded(gateway: Gateway, aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Recorded]:
+    """The test gateway (real mocks) with the record transport writing to tmp_path/rec."""
+    directory = tmp_path / "rec"
+    gateway.transport = RecordTransport(gateway.transport, directory)
+    client = await aiohttp_client(create_app(gateway))
+    yield Recorded(client, gateway, directory)
+
+
+@pytest.fixture
+def dead_policy(tmp_path: Path, mocks: Any) -> Path:
+    """The test policy with every upstream on a port where nothing listens."""
+    path = tmp_path / "dead-policy.yaml"
+    path.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), {n: DEAD for n in mocks.urls}))
+    return path
+
+
+ReplayFactory = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
+
+
+@pytest.fixture
+def replay_gateway(settings: Settings, workspace: Workspace, dead_policy: Path,
+                   aiohttp_client: Any) -> ReplayFactory:
+    async def make(directory: Path, **options: Any) -> tuple[TestClient[Any, Any], Gateway]:
+        gw = build_gateway(dataclasses.replace(settings, policy=dead_policy), workspace.environ())
+        gw.transport = ReplayTransport(directory, **options)
+        return await aiohttp_client(create_app(gw)), gw
+
+    return make
+
+
+def bearer(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+def read_all_bytes(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def records(directory: Path, run: str = "default") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (directory / "runs" / f"{run}.jsonl").read_text().splitlines()]

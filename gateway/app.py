@@ -188,21 +188,25 @@ async def _watch(gw: Gateway) -> None:
 def create_app(gw: Gateway) -> web.Application:
     """The gateway's own routes (health); every other request goes through the pipeline.
 
-    The pipeline is entered from a middleware rather than a catch-all route so that targets
-    no route can match (``OPTIONS *``, absolute form) still reach the target check and get
-    problem+json, and aiohttp's router never interprets an agent's path.
+    A catch-all route takes agents' calls (the pipeline reads only ``raw_path``; the router
+    decides nothing about it). Targets no route can match (``OPTIONS *``, absolute form) are
+    passed to the pipeline by a middleware, so they too get the target check's problem+json.
     """
 
+    async def calls(request: web.Request) -> web.StreamResponse:
+        return await run(request, gw)
+
     @web.middleware
-    async def gateway_calls(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def unroutable(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.match_info.http_exception is not None:
             return await run(request, gw)
         return await handler(request)
 
-    app = web.Application(client_max_size=1024**3, middlewares=[gateway_calls])
+    app = web.Application(client_max_size=1024**3, middlewares=[unroutable])
     app[GATEWAY] = gw
     app.cleanup_ctx.append(_resources)
     app.router.add_get(HEALTH_PATH, _health)
+    app.router.add_route("*", "/{tail:.*}", calls)
     return app
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 GENESIS = "0" * 64
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 def _last_line(path: Path) -> bytes | None:
@@ -64,7 +65,7 @@ class AuditTrail:
         if self._fh is None:
             return
         record["prev"] = self._prev
-        line = json.dumps(record, separators=(",", ":"), default=str).encode()
+        line = _ENCODER.encode(record).encode()
         self._prev = hashlib.sha256(line).hexdigest()
         self._fh.write(line + b"\n")
         self.lines_written += 1

@@ -89,6 +89,8 @@ def _check_escapes(text: str, forbidden: frozenset[int], where: str) -> None:
 def _decode(text: str, where: str, *, plus_is_space: bool = False) -> str:
     if plus_is_space:
         text = text.replace("+", " ")
+    if "%" not in text:
+        return text  # the character checks already admitted only ASCII
     try:
         return unquote_to_bytes(text).decode("utf-8")
     except UnicodeDecodeError:

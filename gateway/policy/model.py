@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from yarl import URL
@@ -96,6 +97,7 @@ class Constraint:
 
 
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,17})")
+_NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +106,18 @@ class PathPattern:
 
     text: str
     segments: tuple[str | Constraint, ...]  # str: literal (canonical form), Constraint: param
+    literal: bool = False  # no parameters: matched by one tuple comparison
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "literal", all(isinstance(s, str) for s in self.segments))
 
     def match(self, segments: tuple[str, ...]) -> dict[str, str] | None | str:
         """Params when the path matches; None when it does not; a str reason when a param
         value breaks its constraint."""
         if len(segments) != len(self.segments):
             return None
+        if self.literal:
+            return _NO_PARAMS if segments == self.segments else None
         params: dict[str, str] = {}
         bad: str | None = None
         for want, got in zip(self.segments, segments, strict=True):
@@ -175,6 +183,7 @@ class Policy:
     # (role, upstream, method) -> rules in file order
     _index: dict[tuple[str, str, str], tuple[Rule, ...]] = field(default_factory=dict)
     rules_by_id: dict[str, Rule] = field(default_factory=dict)
+    _candidates: dict[tuple[Any, ...], list[Rule]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         index: dict[tuple[str, str, str], list[Rule]] = {}
@@ -187,7 +196,22 @@ class Policy:
     def candidates(
         self, roles: Iterable[str], caps: frozenset[str] | None, upstream: str, method: str
     ) -> list[Rule]:
-        """Rules the token's roles grant for this upstream and method, narrowed by caps."""
+        """Rules the token's roles grant for this upstream and method, narrowed by caps.
+
+        Memoised per policy (a reload builds a new ``Policy``, so the memo goes with it);
+        bounded, since roles and caps come from tokens."""
+        key = (tuple(roles), caps, upstream, method)
+        found = self._candidates.get(key)
+        if found is None:
+            found = self._compute_candidates(key[0], caps, upstream, method)
+            if len(self._candidates) >= 4096:
+                self._candidates.clear()
+            self._candidates[key] = found
+        return found
+
+    def _compute_candidates(
+        self, roles: tuple[str, ...], caps: frozenset[str] | None, upstream: str, method: str
+    ) -> list[Rule]:
         out: list[Rule] = []
         seen: set[str] = set()
         for role in roles:

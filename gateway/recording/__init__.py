@@ -84,12 +84,19 @@ def build_transport(
         if mode == "record":
             return RecordTransport(live, directory, sample=sample)
         if mode == "replay":
-            return ReplayTransport(directory, repeat_last=repeat_last, run_map=run_map,
-                                   report_path=report_path)
+            return ReplayTransport(
+                directory, repeat_last=repeat_last, run_map=run_map, report_path=report_path
+            )
         if mode == "replay-or-record":
-            return ReplayOrRecordTransport(directory, live, ci=ci, sample=sample,
-                                           repeat_last=repeat_last, run_map=run_map,
-                                           report_path=report_path)
+            return ReplayOrRecordTransport(
+                directory,
+                live,
+                ci=ci,
+                sample=sample,
+                repeat_last=repeat_last,
+                run_map=run_map,
+                report_path=report_path,
+            )
         return ShadowTransport(directory, live, run_map=run_map, report_path=report_path)
     except RecordingError as exc:
         raise ConfigError(f"recordings: {exc}") from None

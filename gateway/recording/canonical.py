@@ -47,10 +47,7 @@ def volatile_problem(entry: str) -> str | None:
     """Why a ``volatile`` entry is not valid, or None (for the policy loader to call)."""
     if VOLATILE_ENTRY.fullmatch(entry):
         return None
-    return (
-        f"volatile entry {entry!r} must be a JSON pointer ('/field'), "
-        "'query:<name>' or 'body'"
-    )
+    return f"volatile entry {entry!r} must be a JSON pointer ('/field'), 'query:<name>' or 'body'"
 
 
 # --- bodies ----------------------------------------------------------------------------------
@@ -78,10 +75,12 @@ class SqlField:
 def sql_fields(rule: Rule | None) -> tuple[SqlField, ...]:
     """The SQL fields of a rule's checks whose ``kind`` is ``"sql"``.
 
-    The SQL check (``gateway/checks/sql.py``) is read by attribute: ``field`` (a top-level
-    key, a dotted path or a JSON pointer; default ``"sql"``), ``dialect``, and an optional
-    ``normalize(text) -> str`` which is used when present, so replay normalises exactly as
-    the check parses.
+    The SQL check (``gateway/checks/sql.py``, ``SqlBodyCheck``) is read by attribute, so this
+    module does not depend on it: ``field`` (a path tuple, or a dotted path / JSON pointer
+    string), ``raw`` (the whole body is SQL), ``argument`` (an MCP ``tools/call`` argument,
+    at ``/params/arguments/<name>``), the dialect (``dialect`` or ``policy.dialect``), and an
+    optional ``normalize(text) -> str``, used when present so replay normalises exactly as the
+    check parses.
     """
     if rule is None:
         return ()
@@ -90,13 +89,23 @@ def sql_fields(rule: Rule | None) -> tuple[SqlField, ...]:
         if getattr(check, "kind", None) != "sql":
             continue
         field = getattr(check, "field", None)
-        if field is None:
-            field = "sql"
-        dialect = getattr(check, "dialect", None)
+        argument = getattr(check, "argument", None)
+        pointer: tuple[str, ...]
+        if getattr(check, "raw", False):
+            pointer = ()
+        elif isinstance(argument, str) and argument:
+            pointer = ("params", "arguments", argument)
+        elif isinstance(field, tuple | list):
+            pointer = tuple(str(p) for p in field)
+        else:
+            pointer = _field_path(str(field if field is not None else "sql"))
+        dialect = getattr(check, "dialect", None) or getattr(
+            getattr(check, "policy", None), "dialect", None
+        )
         normalise = getattr(check, "normalize", None)
         out.append(
             SqlField(
-                pointer=_field_path(str(field)),
+                pointer=pointer,
                 dialect=str(dialect) if dialect else None,
                 normalise=normalise if callable(normalise) else None,
             )
@@ -137,7 +146,9 @@ def _normalise_sql_in(doc: Any, field: SqlField) -> Any:
         else:
             return doc
     if isinstance(node, str) and parent is not None:
-        parent[key] = field.normalise(node) if field.normalise else normalise_sql(node, field.dialect)
+        parent[key] = (
+            field.normalise(node) if field.normalise else normalise_sql(node, field.dialect)
+        )
     return doc
 
 
@@ -167,7 +178,11 @@ def canonical_body(data: bytes | None, rule: Rule | None = None) -> tuple[Form |
     if form == "text":
         for field in fields:
             if not field.pointer:
-                value = field.normalise(value) if field.normalise else normalise_sql(value, field.dialect)
+                value = (
+                    field.normalise(value)
+                    if field.normalise
+                    else normalise_sql(value, field.dialect)
+                )
         return form, value
     return "digest", "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -211,7 +226,9 @@ def _remove_pointer(doc: Any, parts: list[str]) -> None:
                 del doc[i]
 
 
-def strip_volatile_body(form: Form | None, canonical: str | None, volatile: Iterable[str]) -> str | None:
+def strip_volatile_body(
+    form: Form | None, canonical: str | None, volatile: Iterable[str]
+) -> str | None:
     pointers = [v for v in volatile if v.startswith("/")]
     if "body" in volatile:
         return None
@@ -260,7 +277,7 @@ def call_key(
 ) -> CallKey:
     volatile = tuple(volatile)
     path, pairs = split_target(target)
-    dropped = {v[len("query:"):] for v in volatile if v.startswith("query:")}
+    dropped = {v[len("query:") :] for v in volatile if v.startswith("query:")}
     if dropped:
         pairs = tuple((k, v) for k, v in pairs if k not in dropped)
     return CallKey(

@@ -47,8 +47,9 @@ def parse_upstream_map(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         prefix, sep, name = item.rpartition("=")
         if not sep or not prefix or not name or "://" not in prefix:
-            raise ValueError(f"--map {item!r}: expected URL_PREFIX=UPSTREAM, "
-                             "e.g. https://api.example.com=api")
+            raise ValueError(
+                f"--map {item!r}: expected URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api"
+            )
         out[prefix] = name
     return out
 
@@ -108,13 +109,18 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
     except RecordingError as exc:
         return _error("recording import-har", f"{har_file}: {exc}")
     skipped = ", ".join(f"{o} ({n})" for o, n in sorted(result.skipped.items()))
-    print(f"imported {result.imported} entries into {directory} "
-          f"(runs: {', '.join(sorted(result.runs)) or 'none'})"
-          + (f"; skipped entries of unmapped origins: {skipped}" if skipped else ""))
+    print(
+        f"imported {result.imported} entries into {directory} "
+        f"(runs: {', '.join(sorted(result.runs)) or 'none'})"
+        + (f"; skipped entries of unmapped origins: {skipped}" if skipped else "")
+    )
     left = lint(directory)
     if left:
-        print(f"warning: {len(left)} secret-looking value(s) remain; see "
-              f"'capgate recording lint {directory}'", file=sys.stderr)
+        print(
+            f"warning: {len(left)} secret-looking value(s) remain; see "
+            f"'capgate recording lint {directory}'",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -137,8 +143,10 @@ def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool 
     print(report.text())
     code = report.exit_code(allow_regressions)
     if report.regressions and allow_regressions:
-        print(f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
-              "--allow-regressions)")
+        print(
+            f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
+            "--allow-regressions)"
+        )
     return code
 
 
@@ -151,8 +159,9 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
-def _wait_ready(proc: subprocess.Popen[str], lines: queue.Queue[str | None], timeout: float
-                ) -> tuple[str | None, list[str]]:
+def _wait_ready(
+    proc: subprocess.Popen[str], lines: queue.Queue[str | None], timeout: float
+) -> tuple[str | None, list[str]]:
     """The gateway's URL from its ready line, or None; the lines seen before it."""
     seen: list[str] = []
     try:
@@ -210,32 +219,49 @@ def replay_command(
         report_path = Path(tmp) / "replay-report.json"
         argv = [
             *(gateway_argv or [sys.executable, "-m", "gateway", "serve"]),
-            "--mode", "replay", "--recordings", str(directory),
-            "--replay-report", str(report_path), "--port", "0", *serve_args,
+            "--mode",
+            "replay",
+            "--recordings",
+            str(directory),
+            "--replay-report",
+            str(report_path),
+            "--port",
+            "0",
+            *serve_args,
         ]
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=dict(environ))
+            # S603: the argv is the gateway's own command line, built here, not from input.
+            proc = subprocess.Popen(  # noqa: S603
+                argv, stdout=subprocess.PIPE, text=True, env=dict(environ)
+            )
         except OSError as exc:
             return _error(name, f"cannot start the gateway: {exc.strerror}")
         assert proc.stdout is not None
         lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+        pump.start()
         try:
             url, seen = _wait_ready(proc, lines, ready_timeout)
             if url is None:
                 _stop(proc)
                 said = " ".join(s.strip() for s in seen[-3:])
-                return _error(name, "the gateway did not start"
-                              + (f" (exit status {proc.returncode})" if proc.returncode else "")
-                              + (f": {said}" if said else "; see its log above"))
+                return _error(
+                    name,
+                    "the gateway did not start"
+                    + (f" (exit status {proc.returncode})" if proc.returncode else "")
+                    + (f": {said}" if said else "; see its log above"),
+                )
             env = {**environ, "CAPGATE_URL": url}
             try:
-                status = subprocess.call(command, env=env)
+                # S603: running the user's own command is what 'capgate replay' is for.
+                status = subprocess.call(command, env=env)  # noqa: S603
             except OSError as exc:
                 _stop(proc)
                 return _error(name, f"cannot run {command[0]!r}: {exc.strerror}")
         finally:
             _stop(proc)
+            pump.join(timeout=STOP_TIMEOUT)
+            proc.stdout.close()
         try:
             report = ReplayReport.from_dict(json.loads(report_path.read_text("utf-8")))
         except (OSError, ValueError) as exc:
@@ -248,4 +274,3 @@ def replay_command(
         print(f"capgate replay: {len(report.misses)} call(s) had no recording", file=sys.stderr)
         return EXIT_NEGATIVE
     return EXIT_OK
-

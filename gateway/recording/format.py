@@ -57,8 +57,8 @@ from gateway import __version__
 from gateway.recording.canonical import Form, canonical_body
 from gateway.recording.compat import CURRENT, MigrationError, migrate_manifest, migrate_record
 from gateway.recording.redact import (
-    STRUCTURED_LIMIT,
     DEFAULT_REDACTOR,
+    STRUCTURED_LIMIT,
     HeaderValue,
     KnownSecret,
     Redactor,
@@ -262,8 +262,12 @@ class RunEntry:
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "run": self.run, "file": self.file, "calls": self.calls, "denials": self.denials,
-            "errors": self.errors, "started": self.started,
+            "run": self.run,
+            "file": self.file,
+            "calls": self.calls,
+            "denials": self.denials,
+            "errors": self.errors,
+            "started": self.started,
         }
         if self.truncated:
             out["truncated"] = self.truncated
@@ -312,8 +316,9 @@ class RecordingWriter:
         try:
             (self.root / "runs").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RecordingError(f"{self.root}: cannot create the recording directory: "
-                                 f"{exc.strerror}") from exc
+            raise RecordingError(
+                f"{self.root}: cannot create the recording directory: {exc.strerror}"
+            ) from exc
         manifest_path = self.root / "manifest.json"
         if not manifest_path.exists():
             self.write_manifest()
@@ -329,9 +334,13 @@ class RecordingWriter:
         self.sampling = manifest.get("sampling")
         for item in manifest.get("runs", []):
             entry = RunEntry(
-                run=item["run"], file=item["file"], started=item.get("started", self.created),
-                calls=item.get("calls", 0), denials=item.get("denials", 0),
-                errors=item.get("errors", 0), truncated=item.get("truncated"),
+                run=item["run"],
+                file=item["file"],
+                started=item.get("started", self.created),
+                calls=item.get("calls", 0),
+                denials=item.get("denials", 0),
+                errors=item.get("errors", 0),
+                truncated=item.get("truncated"),
                 kept=item.get("kept"),
             )
             self.runs[entry.run] = entry
@@ -344,6 +353,8 @@ class RecordingWriter:
             if entry is None:
                 entry = RunEntry(run=run, file=run_file_name(run), started=iso_time(self.wall()))
                 self.runs[run] = entry
+                # The file exists as soon as the manifest lists it, even before a record.
+                os.close(os.open(self.root / entry.file, os.O_WRONLY | os.O_CREAT, 0o600))
                 self._write_manifest_locked()
             return entry
 
@@ -388,8 +399,7 @@ class RecordingWriter:
                     keep = pos + nl + 1
                     break
             fh.truncate(keep)
-        log.warning("%s: cut off a truncated last line (a recorder stopped while writing it)",
-                    path)
+        log.warning("%s: cut off a truncated last line (a recorder stopped while writing it)", path)
 
     def drop_run(self, run: str, blobs: Sequence[str]) -> None:
         """Forget a run a sampler did not keep: its file, its entry and the blobs it created."""
@@ -402,14 +412,15 @@ class RecordingWriter:
                 self.blobs.remove(ref)
             self._write_manifest_locked()
 
-    def note(self, run: str, **fields: Any) -> None:
-        """Set manifest fields of a run (``truncated``, ``kept``) and rewrite the manifest."""
+    def note(self, run: str, *, write: bool = True, **fields: Any) -> None:
+        """Set manifest fields of a run (``truncated``, ``kept``); rewrite the manifest."""
         with self._lock:
             entry = self.runs.get(run)
             if entry is not None:
                 for k, v in fields.items():
                     setattr(entry, k, v)
-            self._write_manifest_locked()
+            if write:
+                self._write_manifest_locked()
 
     # -- the one path every record takes ------------------------------------------------------
 
@@ -454,8 +465,9 @@ class RecordingWriter:
                 self.upstreams[name] = url
                 self._write_manifest_locked()
 
-    def _body(self, data: BodyData | None, secrets: Sequence[KnownSecret], created: list[str]
-              ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
+    def _body(
+        self, data: BodyData | None, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
         """(body value, redacted bytes when held in memory, spans, blob hex when a blob)."""
         if data is None:
             return None, None, (), None
@@ -475,10 +487,11 @@ class RecordingWriter:
         ref, new = self.blobs.put_bytes(out)
         if new:
             created.append(ref)
-        return {"blob": ref, "size": len(out)}, out, red.spans, ref[len("sha256/"):]
+        return {"blob": ref, "size": len(out)}, out, red.spans, ref[len("sha256/") :]
 
-    def _stream_body(self, data: Spilled, secrets: Sequence[KnownSecret], created: list[str]
-                     ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
+    def _stream_body(
+        self, data: Spilled, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
         try:
             with data.path.open("rb") as src:
                 ref, new, size, spans = self.blobs.put_stream(
@@ -489,7 +502,7 @@ class RecordingWriter:
                 data.path.unlink()
         if new:
             created.append(ref)
-        return {"blob": ref, "size": size}, None, tuple(spans), ref[len("sha256/"):]
+        return {"blob": ref, "size": size}, None, tuple(spans), ref[len("sha256/") :]
 
     def _encode(self, ex: Exchange, created: list[str]) -> dict[str, Any]:
         r = self.redactor
@@ -590,8 +603,9 @@ class RecordingWriter:
         return os.fdopen(fd, "w+b"), Path(name)
 
 
-def _chunks_after_redaction(chunks: Sequence[tuple[float, int]], spans: tuple[Span, ...] | None
-                            ) -> list[tuple[float, int]]:
+def _chunks_after_redaction(
+    chunks: Sequence[tuple[float, int]], spans: tuple[Span, ...] | None
+) -> list[tuple[float, int]]:
     if len(chunks) > MAX_CHUNKS:
         head = list(chunks[: MAX_CHUNKS - 1])
         tail_t = chunks[MAX_CHUNKS - 1][0]
@@ -777,16 +791,20 @@ class _Fields:
     def _fail(self, name: str, expected: str) -> RecordingError:
         value = self.data.get(name)
         shown = repr(value)[:60]
-        return RecordingError(f"{self.where}: field {self.prefix + name!r} must be {expected}, "
-                              f"not {shown}")
+        return RecordingError(
+            f"{self.where}: field {self.prefix + name!r} must be {expected}, not {shown}"
+        )
 
-    def get(self, name: str, kind: type | tuple[type, ...], expected: str, optional: bool = False
-            ) -> Any:
+    def get(
+        self, name: str, kind: type | tuple[type, ...], expected: str, optional: bool = False
+    ) -> Any:
         value = self.data.get(name)
         if value is None and optional:
             return None
-        if isinstance(value, bool) and kind is not bool and bool not in (
-            kind if isinstance(kind, tuple) else (kind,)
+        if (
+            isinstance(value, bool)
+            and kind is not bool
+            and bool not in (kind if isinstance(kind, tuple) else (kind,))
         ):
             raise self._fail(name, expected)
         if not isinstance(value, kind):
@@ -825,8 +843,10 @@ class _Fields:
         for pair in value:
             ok = isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
             if ok and isinstance(pair[1], dict):
-                ok = len(pair[1]) == 1 and next(iter(pair[1])) in ("secret", "redacted") and all(
-                    isinstance(v, str) for v in pair[1].values()
+                ok = (
+                    len(pair[1]) == 1
+                    and next(iter(pair[1])) in ("secret", "redacted")
+                    and all(isinstance(v, str) for v in pair[1].values())
                 )
             elif ok:
                 ok = isinstance(pair[1], str)
@@ -891,8 +911,10 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
         if body is not None and chunks and any(n < 0 for _, n in chunks):
             chunks = []
         if body is not None and chunks and sum(n for _, n in chunks) != body.size:
-            raise RecordingError(f"{where}: response.chunks sizes add up to "
-                                 f"{sum(n for _, n in chunks)}, the body has {body.size} bytes")
+            raise RecordingError(
+                f"{where}: response.chunks sizes add up to "
+                f"{sum(n for _, n in chunks)}, the body has {body.size} bytes"
+            )
         response = RecordedResponse(
             status=status,
             reason=resp.str("reason", optional=True) or "",
@@ -904,7 +926,9 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
     error: ErrorInfo | None = None
     err = f.sub("error", optional=True)
     if err is not None:
-        error = ErrorInfo(err.str("reason"), err.int("status"), err.str("detail", optional=True) or "")
+        error = ErrorInfo(
+            err.str("reason"), err.int("status"), err.str("detail", optional=True) or ""
+        )
     caps = f.strings("caps", optional=True)
     return Entry(
         file=file,
@@ -937,8 +961,11 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
 
 
 def _safe_member(root: Path, rel: Any, where: str) -> Path:
-    if not isinstance(rel, str) or not rel.startswith("runs/") or ".." in rel.split("/") or (
-        "\\" in rel
+    if (
+        not isinstance(rel, str)
+        or not rel.startswith("runs/")
+        or ".." in rel.split("/")
+        or ("\\" in rel)
     ):
         raise RecordingError(f"{where}: run file {rel!r} must be a path under runs/")
     return root / rel
@@ -971,8 +998,9 @@ def load_recording(directory: str | Path) -> Recording:
     return recording
 
 
-def _read_run_file(root: Path, path: Path, version: int, blobs: BlobStore,
-                   warnings: list[str]) -> list[Entry]:
+def _read_run_file(
+    root: Path, path: Path, version: int, blobs: BlobStore, warnings: list[str]
+) -> list[Entry]:
     rel = path.relative_to(root).as_posix()
     try:
         data = path.read_bytes()

@@ -55,8 +55,8 @@ def _text(value: HeaderValue) -> str:
 
 
 def _iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
 
 
@@ -64,8 +64,12 @@ def _content(data: bytes, mime: str) -> dict[str, Any]:
     try:
         return {"size": len(data), "mimeType": mime, "text": data.decode("utf-8")}
     except UnicodeDecodeError:
-        return {"size": len(data), "mimeType": mime,
-                "text": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+        return {
+            "size": len(data),
+            "mimeType": mime,
+            "text": base64.b64encode(data).decode("ascii"),
+            "encoding": "base64",
+        }
 
 
 def _header(headers: list[tuple[str, HeaderValue]], name: str) -> str | None:
@@ -81,8 +85,14 @@ def _entry_to_har(e: Entry, run_started: float, base: str) -> dict[str, Any]:
             query.append({"name": unquote(name), "value": unquote(value)})
     req_headers = [{"name": k, "value": _text(v)} for k, v in e.request_headers]
     request: dict[str, Any] = {
-        "method": e.method, "url": url, "httpVersion": "HTTP/1.1", "cookies": [],
-        "headers": req_headers, "queryString": query, "headersSize": -1, "bodySize": 0,
+        "method": e.method,
+        "url": url,
+        "httpVersion": "HTTP/1.1",
+        "cookies": [],
+        "headers": req_headers,
+        "queryString": query,
+        "headersSize": -1,
+        "bodySize": 0,
     }
     body = e.request_bytes()
     if body:
@@ -93,19 +103,31 @@ def _entry_to_har(e: Entry, run_started: float, base: str) -> dict[str, Any]:
             request["postData"]["_encoding"] = "base64"
         request["bodySize"] = len(body)
     capgate: dict[str, Any] = {
-        "run": e.run, "seq": e.seq, "kind": e.kind, "agent": e.agent, "roles": list(e.roles),
-        "caps": list(e.caps) if e.caps is not None else None, "request_id": e.request_id,
-        "upstream": e.upstream, "target": e.target, "decision": e.decision.as_json(),
+        "run": e.run,
+        "seq": e.seq,
+        "kind": e.kind,
+        "agent": e.agent,
+        "roles": list(e.roles),
+        "caps": list(e.caps) if e.caps is not None else None,
+        "request_id": e.request_id,
+        "upstream": e.upstream,
+        "target": e.target,
+        "decision": e.decision.as_json(),
     }
     if e.response is not None:
         r = e.response
         data = r.body.read() if r.body is not None else b""
         mime = _header(r.headers, "content-type") or ""
         response: dict[str, Any] = {
-            "status": r.status, "statusText": r.reason, "httpVersion": "HTTP/1.1", "cookies": [],
+            "status": r.status,
+            "statusText": r.reason,
+            "httpVersion": "HTTP/1.1",
+            "cookies": [],
             "headers": [{"name": k, "value": _text(v)} for k, v in r.headers],
-            "content": _content(data, mime), "redirectURL": _header(r.headers, "location") or "",
-            "headersSize": -1, "bodySize": len(data),
+            "content": _content(data, mime),
+            "redirectURL": _header(r.headers, "location") or "",
+            "headersSize": -1,
+            "bodySize": len(data),
         }
         if r.chunks:
             capgate["chunks"] = [{"t": t, "size": n} for t, n in r.chunks]
@@ -113,18 +135,30 @@ def _entry_to_har(e: Entry, run_started: float, base: str) -> dict[str, Any]:
             capgate["complete"] = False
     else:
         status = e.decision.status or (e.error.status if e.error else 0)
-        detail = {"reason": e.decision.reason if e.kind == "denial" else
-                  (e.error.reason if e.error else "unknown"), "rule": e.decision.rule}
+        detail = {
+            "reason": e.decision.reason
+            if e.kind == "denial"
+            else (e.error.reason if e.error else "unknown"),
+            "rule": e.decision.rule,
+        }
         text = json.dumps(detail).encode()
         response = {
-            "status": status, "statusText": "Refused by capgate" if e.kind == "denial" else
-            "Upstream failed", "httpVersion": "HTTP/1.1", "cookies": [], "headers": [],
-            "content": _content(text, "application/json"), "redirectURL": "",
-            "headersSize": -1, "bodySize": -1,
+            "status": status,
+            "statusText": "Refused by capgate" if e.kind == "denial" else "Upstream failed",
+            "httpVersion": "HTTP/1.1",
+            "cookies": [],
+            "headers": [],
+            "content": _content(text, "application/json"),
+            "redirectURL": "",
+            "headersSize": -1,
+            "bodySize": -1,
         }
     if e.error is not None:
-        capgate["error"] = {"reason": e.error.reason, "status": e.error.status,
-                            "detail": e.error.detail}
+        capgate["error"] = {
+            "reason": e.error.reason,
+            "status": e.error.status,
+            "detail": e.error.detail,
+        }
     wait = round((e.duration or 0.0) * 1000, 3)
     return {
         "startedDateTime": _iso(run_started + e.t),
@@ -132,8 +166,15 @@ def _entry_to_har(e: Entry, run_started: float, base: str) -> dict[str, Any]:
         "request": request,
         "response": response,
         "cache": {},
-        "timings": {"blocked": -1, "dns": -1, "connect": -1, "ssl": -1, "send": 0, "wait": wait,
-                    "receive": 0},
+        "timings": {
+            "blocked": -1,
+            "dns": -1,
+            "connect": -1,
+            "ssl": -1,
+            "send": 0,
+            "wait": wait,
+            "receive": 0,
+        },
         "_capgate": capgate,
     }
 
@@ -191,7 +232,7 @@ def _map_url(url: str, prefixes: list[tuple[str, str]]) -> tuple[str, str, str] 
     url = url.split("#", 1)[0]
     for prefix, name in prefixes:
         if url == prefix or url.startswith(prefix + "/") or url.startswith(prefix + "?"):
-            target = url[len(prefix):]
+            target = url[len(prefix) :]
             if not target.startswith("/"):
                 target = "/" + target
             return name, target, prefix
@@ -243,8 +284,11 @@ def import_har(
     log = har.get("log") if isinstance(har, Mapping) else None
     if not isinstance(log, Mapping) or not isinstance(log.get("entries"), list):
         raise HarError("not a HAR document: expected {'log': {'entries': [...]}}")
-    prefixes = sorted(((p.rstrip("/"), n) for p, n in upstream_map.items()),
-                      key=lambda item: len(item[0]), reverse=True)
+    prefixes = sorted(
+        ((p.rstrip("/"), n) for p, n in upstream_map.items()),
+        key=lambda item: len(item[0]),
+        reverse=True,
+    )
     writer = RecordingWriter(Path(directory))
     result = ImportResult()
     items: list[tuple[float, int, Mapping[str, Any]]] = []
@@ -283,58 +327,75 @@ def import_har(
             if post.get("text") is not None:
                 body = _decode_content(post, f"{where}.request.postData")
             elif isinstance(post.get("params"), list):
-                body = urlencode(_pairs(post["params"], f"{where}.request.postData.params")).encode()
+                body = urlencode(
+                    _pairs(post["params"], f"{where}.request.postData.params")
+                ).encode()
         kind = "denial" if capgate.get("kind") == "denial" else "exchange"
         decision = _decision(capgate.get("decision"), resp)
         response: ResponseData | None = None
         error: ErrorInfo | None = None
         if isinstance(capgate.get("error"), Mapping):
             e = capgate["error"]
-            error = ErrorInfo(str(e.get("reason", "upstream_unavailable")),
-                              int(e.get("status", 502)), str(e.get("detail", "")))
+            error = ErrorInfo(
+                str(e.get("reason", "upstream_unavailable")),
+                int(e.get("status", 502)),
+                str(e.get("detail", "")),
+            )
         if kind == "exchange" and isinstance(resp, Mapping):
             status = resp.get("status")
             if not isinstance(status, int) or isinstance(status, bool):
                 raise HarError(f"{where}.response.status must be an integer")
             if status == 0 or (error is not None and resp.get("statusText") == "Upstream failed"):
                 # The browser got no answer (status 0: blocked, aborted, network error).
-                error = error or ErrorInfo("upstream_unavailable", 502,
-                                           "imported from HAR: the request got no response")
+                error = error or ErrorInfo(
+                    "upstream_unavailable", 502, "imported from HAR: the request got no response"
+                )
             elif 100 <= status <= 599:
                 content = resp.get("content") if isinstance(resp.get("content"), Mapping) else {}
                 assert isinstance(content, Mapping)
                 data = _decode_content(content, f"{where}.response.content")
-                headers = [(k, v) for k, v in _pairs(resp.get("headers"), f"{where}.response.headers")
-                           if k.lower() not in RESPONSE_DROP]
+                headers = [
+                    (k, v)
+                    for k, v in _pairs(resp.get("headers"), f"{where}.response.headers")
+                    if k.lower() not in RESPONSE_DROP
+                ]
                 chunks = _chunks(capgate.get("chunks"), len(data))
                 response = ResponseData(
-                    status=status, reason=str(resp.get("statusText") or ""), headers=headers,
-                    body=data, chunks=chunks, complete=capgate.get("complete", True) is not False,
+                    status=status,
+                    reason=str(resp.get("statusText") or ""),
+                    headers=headers,
+                    body=data,
+                    chunks=chunks,
+                    complete=capgate.get("complete", True) is not False,
                 )
             else:
                 raise HarError(f"{where}.response.status {status} is not an HTTP status")
         timings = entry.get("time")
-        writer.append(Exchange(
-            kind=kind,
-            run=run_name,
-            seq=int(capgate.get("seq") or seqs[run_name]),
-            t=max(started - base, 0.0),
-            method=req["method"].upper(),
-            target=target,
-            upstream=upstream,
-            agent=str(capgate["agent"]) if capgate.get("agent") else None,
-            roles=tuple(str(r) for r in capgate.get("roles") or ()),
-            caps=tuple(str(c) for c in capgate["caps"]) if isinstance(capgate.get("caps"), list)
-            else None,
-            request_id=str(capgate.get("request_id") or ""),
-            request_headers=_pairs(req.get("headers"), f"{where}.request.headers"),
-            request_body=body,
-            decision=decision,
-            response=response,
-            error=error,
-            duration=float(timings) / 1000 if isinstance(timings, int | float) and timings >= 0
-            else None,
-        ))
+        writer.append(
+            Exchange(
+                kind=kind,
+                run=run_name,
+                seq=int(capgate.get("seq") or seqs[run_name]),
+                t=max(started - base, 0.0),
+                method=req["method"].upper(),
+                target=target,
+                upstream=upstream,
+                agent=str(capgate["agent"]) if capgate.get("agent") else None,
+                roles=tuple(str(r) for r in capgate.get("roles") or ()),
+                caps=tuple(str(c) for c in capgate["caps"])
+                if isinstance(capgate.get("caps"), list)
+                else None,
+                request_id=str(capgate.get("request_id") or ""),
+                request_headers=_pairs(req.get("headers"), f"{where}.request.headers"),
+                request_body=body,
+                decision=decision,
+                response=response,
+                error=error,
+                duration=float(timings) / 1000
+                if isinstance(timings, int | float) and timings >= 0
+                else None,
+            )
+        )
         writer.remember_upstream(upstream, prefix)
         result.imported += 1
         result.runs.add(run_name)

@@ -55,8 +55,15 @@ def denials_wired() -> bool:
     return "observe_denial" in inspect.getsource(pipeline)
 
 
+_installed = 0  # nested install() calls share one installation
+
+
 def install() -> Callable[[], None]:
-    """Emulate the hooks not yet wired; returns a function that undoes it."""
+    """Emulate the hooks not yet wired; returns a function that undoes it. Re-entrant."""
+    global _installed
+    _installed += 1
+    if _installed > 1:
+        return _release
     undo: list[Callable[[], None]] = []
     if not request_claims_wired():
         real_dispatch = pipeline.dispatch
@@ -96,8 +103,17 @@ def install() -> Callable[[], None]:
 
         undo.append(restore_decide)
 
-    def uninstall() -> None:
-        for step in reversed(undo):
-            step()
+    _undo[:] = undo
+    return _release
 
-    return uninstall
+
+_undo: list[Callable[[], None]] = []
+
+
+def _release() -> None:
+    global _installed
+    _installed -= 1
+    if _installed == 0:
+        for step in reversed(_undo):
+            step()
+        _undo.clear()

@@ -76,15 +76,21 @@ async def record_example(out: Path) -> None:
             ws = prepare_workspace(base.root, mocks.urls)
             settings = load_settings(
                 {
-                    "policy": str(ws.policy), "jwks": str(ws.jwks),
-                    "upstream_key": str(ws.upstream_key), "secrets_dir": str(ws.secrets_dir),
-                    "audit": "-", "port": "0",
+                    "policy": str(ws.policy),
+                    "jwks": str(ws.jwks),
+                    "upstream_key": str(ws.upstream_key),
+                    "secrets_dir": str(ws.secrets_dir),
+                    "audit": "-",
+                    "port": "0",
                 },
                 {},
             )
             gw = build_gateway(settings, ws.environ())
             recorder = RecordTransport(
-                gw.transport, out, clock=Ticks(), wall=lambda: EXAMPLE_WALL,
+                gw.transport,
+                out,
+                clock=Ticks(),
+                wall=lambda: EXAMPLE_WALL,
                 redactor=Redactor(omit_headers=frozenset({"date", "server"})),
             )
             example = load_policy(EXAMPLE_POLICY)
@@ -106,12 +112,14 @@ async def record_example(out: Path) -> None:
                     ("DELETE", "/services/services/web", None, 403),
                 ]
                 for method, path, body, expected in calls:
-                    async with client.request(method, url + path, json=body,
-                                              headers=headers) as resp:
+                    async with client.request(
+                        method, url + path, json=body, headers=headers
+                    ) as resp:
                         await resp.read()
                         if resp.status != expected:
-                            raise RuntimeError(f"{method} {path}: expected {expected}, "
-                                               f"got {resp.status}")
+                            raise RuntimeError(
+                                f"{method} {path}: expected {expected}, got {resp.status}"
+                            )
         finally:
             pipeline.new_request_id = real_new_request_id
             if runner is not None:

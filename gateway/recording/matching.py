@@ -39,7 +39,7 @@ from gateway.recording.canonical import (
     sql_fields,
 )
 from gateway.recording.format import Entry, RecordedRun, Recording, run_id
-from gateway.recording.redact import STRUCTURED_LIMIT, DEFAULT_REDACTOR, KnownSecret, Redactor
+from gateway.recording.redact import DEFAULT_REDACTOR, STRUCTURED_LIMIT, KnownSecret, Redactor
 
 if TYPE_CHECKING:
     from gateway.policy.model import Rule
@@ -124,8 +124,9 @@ def _rule_signature(rule: Rule | None) -> tuple[Any, ...]:
     return (rule.id, tuple(rule.volatile), fields)
 
 
-def _flatten(doc: Any, prefix: str = "", out: dict[str, str] | None = None, limit: int = 500
-             ) -> dict[str, str]:
+def _flatten(
+    doc: Any, prefix: str = "", out: dict[str, str] | None = None, limit: int = 500
+) -> dict[str, str]:
     out = {} if out is None else out
     if len(out) >= limit:
         return out
@@ -186,14 +187,21 @@ def compare(probe: Probe, entry: Entry, entry_key: CallKey) -> tuple[float, list
         if va == vb:
             same_q += 1
         else:
-            diffs.append(Difference(
-                f"query.{name}",
-                ",".join(va) if va is not None else None,
-                ",".join(vb) if vb is not None else None,
-            ))
+            diffs.append(
+                Difference(
+                    f"query.{name}",
+                    ",".join(va) if va is not None else None,
+                    ",".join(vb) if vb is not None else None,
+                )
+            )
     if a.query != b.query and same_q == len(names):
-        diffs.append(Difference("query order", "&".join(f"{k}={v}" for k, v in a.query),
-                                "&".join(f"{k}={v}" for k, v in b.query)))
+        diffs.append(
+            Difference(
+                "query order",
+                "&".join(f"{k}={v}" for k, v in a.query),
+                "&".join(f"{k}={v}" for k, v in b.query),
+            )
+        )
     score += WEIGHTS["query"] * _ratio(same_q, len(names))
     ba, bb = _body_view(a, probe.form), _body_view(b, entry.form)
     if isinstance(ba, dict) and isinstance(bb, dict):
@@ -203,20 +211,24 @@ def compare(probe: Probe, entry: Entry, entry_key: CallKey) -> tuple[float, list
             if ba.get(k) == bb.get(k):
                 same_b += 1
             else:
-                diffs.append(Difference(
-                    f"body.{k}",
-                    _short(ba[k]) if k in ba else None,
-                    _short(bb[k]) if k in bb else None,
-                ))
+                diffs.append(
+                    Difference(
+                        f"body.{k}",
+                        _short(ba[k]) if k in ba else None,
+                        _short(bb[k]) if k in bb else None,
+                    )
+                )
         score += WEIGHTS["body"] * _ratio(same_b, len(keys))
     elif ba == bb:
         score += WEIGHTS["body"]
     else:
-        diffs.append(Difference(
-            "body",
-            _short(ba) if isinstance(ba, str) else (None if ba is None else "(JSON)"),
-            _short(bb) if isinstance(bb, str) else (None if bb is None else "(JSON)"),
-        ))
+        diffs.append(
+            Difference(
+                "body",
+                _short(ba) if isinstance(ba, str) else (None if ba is None else "(JSON)"),
+                _short(bb) if isinstance(bb, str) else (None if bb is None else "(JSON)"),
+            )
+        )
     if entry.kind == "denial":
         diffs.append(Difference("decision", "allowed", f"denied ({entry.decision.reason})"))
         score -= 0.5
@@ -259,7 +271,9 @@ class Miss:
 
     def detail(self) -> str:
         where = f"run {self.run!r}" + (
-            f" (replaying recorded run {self.source!r})" if self.source not in (None, self.run) else ""
+            f" (replaying recorded run {self.source!r})"
+            if self.source not in (None, self.run)
+            else ""
         )
         if self.kind == "no_run":
             return (
@@ -306,8 +320,13 @@ class ReplayMissed(Exception):
 class RunState:
     """One live run's replay: which recordings it has used, its misses."""
 
-    def __init__(self, live_run: str, source: RecordedRun | None, repeat_last: bool | Collection[str],
-                 available: list[str]) -> None:
+    def __init__(
+        self,
+        live_run: str,
+        source: RecordedRun | None,
+        repeat_last: bool | Collection[str],
+        available: list[str],
+    ) -> None:
         self.run = live_run
         self.source = source
         self.entries: list[Entry] = source.entries if source is not None else []
@@ -339,8 +358,11 @@ class RunState:
 
     def _matching(self, probe: Probe, kind: str) -> list[int]:
         bucket = self._index.get((probe.upstream, probe.method, probe.key.path), [])
-        return [i for i in bucket
-                if self.entries[i].kind == kind and self._key(i, probe.rule) == probe.key]
+        return [
+            i
+            for i in bucket
+            if self.entries[i].kind == kind and self._key(i, probe.rule) == probe.key
+        ]
 
     def _may_repeat(self, rule: Rule | None) -> bool:
         if getattr(rule, "replay_repeat_last", False):
@@ -360,8 +382,14 @@ class RunState:
     def answer(self, probe: Probe) -> Entry:
         """The recorded exchange for this call; ``ReplayMissed`` when there is none."""
         if self.source is None:
-            miss = Miss(self.run, None, probe.describe(), probe.rule_id, "no_run",
-                        available_runs=self.available)
+            miss = Miss(
+                self.run,
+                None,
+                probe.describe(),
+                probe.rule_id,
+                "no_run",
+                available_runs=self.available,
+            )
             self.misses.append(miss)
             raise ReplayMissed(miss)
         matching = self._matching(probe, "exchange")
@@ -375,11 +403,23 @@ class RunState:
             self.served += 1
             return self.entries[matching[-1]]
         if matching:
-            miss = Miss(self.run, self.source.run, probe.describe(), probe.rule_id, "exhausted",
-                        used=[self.entries[i].ref for i in matching])
+            miss = Miss(
+                self.run,
+                self.source.run,
+                probe.describe(),
+                probe.rule_id,
+                "exhausted",
+                used=[self.entries[i].ref for i in matching],
+            )
         else:
-            miss = Miss(self.run, self.source.run, probe.describe(), probe.rule_id, "no_match",
-                        nearest=self.nearest(probe))
+            miss = Miss(
+                self.run,
+                self.source.run,
+                probe.describe(),
+                probe.rule_id,
+                "no_match",
+                nearest=self.nearest(probe),
+            )
         self.misses.append(miss)
         raise ReplayMissed(miss)
 
@@ -424,8 +464,9 @@ class Matcher:
         live = run_id(run)
         state = self.states.get(live)
         if state is None:
-            state = RunState(live, self.source_for(live), self.repeat_last,
-                             sorted(self.recording.runs))
+            state = RunState(
+                live, self.source_for(live), self.repeat_last, sorted(self.recording.runs)
+            )
             self.states[live] = state
         return state
 
@@ -441,19 +482,34 @@ class Matcher:
             seen = used.get(name, set())
             for i, e in enumerate(rec.entries):
                 if i not in seen:
-                    unused.append({"run": name, "recording": e.ref, "kind": e.kind,
-                                   "call": e.describe()})
+                    unused.append(
+                        {"run": name, "recording": e.ref, "kind": e.kind, "call": e.describe()}
+                    )
         runs = [
-            {"run": st.run, "source": st.source.run if st.source else None, "served": st.served,
-             "repeats": st.repeats, "misses": len(st.misses), "recorded": len(st.recorded)}
+            {
+                "run": st.run,
+                "source": st.source.run if st.source else None,
+                "served": st.served,
+                "repeats": st.repeats,
+                "misses": len(st.misses),
+                "recorded": len(st.recorded),
+            }
             for st in sorted(self.states.values(), key=lambda s: s.run)
         ]
         misses = [m.as_json() for st in self.states.values() for m in st.misses]
         unexpected = [d for st in self.states.values() for d in st.unexpected_denials]
         differences = [d for st in self.states.values() for d in st.differences]
         recorded = [{"run": st.run, "call": c} for st in self.states.values() for c in st.recorded]
-        return ReplayReport(mode, runs, misses, unused, unexpected, differences,
-                            recorded=recorded, warnings=list(self.recording.warnings))
+        return ReplayReport(
+            mode,
+            runs,
+            misses,
+            unused,
+            unexpected,
+            differences,
+            recorded=recorded,
+            warnings=list(self.recording.warnings),
+        )
 
 
 @dataclass(slots=True)
@@ -513,8 +569,11 @@ class ReplayReport:
             f"{self.mode} report: {served} call(s) answered from the recording, "
             f"{len(self.misses)} miss(es), {len(self.unused)} recording(s) never used"
             + (f", {len(self.differences)} difference(s)" if self.differences else "")
-            + (f", {len(self.unexpected_denials)} unexpected denial(s)"
-               if self.unexpected_denials else "")
+            + (
+                f", {len(self.unexpected_denials)} unexpected denial(s)"
+                if self.unexpected_denials
+                else ""
+            )
             + (f", {len(self.recorded)} call(s) recorded" if self.recorded else "")
         ]
         for m in self.misses[:50]:
@@ -522,8 +581,9 @@ class ReplayReport:
         for u in self.unused[:50]:
             lines.append(f"  unused  {u['recording']} {u['kind']} {u['call']}")
         for d in self.unexpected_denials[:50]:
-            lines.append(f"  denied  run {d['run']!r}: {d['call']} ({d['reason']}), "
-                         "not denied when recorded")
+            lines.append(
+                f"  denied  run {d['run']!r}: {d['call']} ({d['reason']}), not denied when recorded"
+            )
         for d in self.differences[:50]:
             lines.append(f"  differs run {d['run']!r}: {d['call']}: {'; '.join(d['differences'])}")
         for w in self.warnings:

@@ -42,7 +42,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -109,8 +108,15 @@ SENSITIVE_KEY_SUFFIXES = ("_password", "_secret", "_token", "_api_key", "_apikey
 """A key ending in one of these is sensitive too (``db_password``, ``github_token``)."""
 
 NOT_SENSITIVE_KEYS = frozenset(
-    {"page_token", "next_page_token", "prev_page_token", "continuation_token", "sync_token",
-     "max_token", "csrf_token_name"}
+    {
+        "page_token",
+        "next_page_token",
+        "prev_page_token",
+        "continuation_token",
+        "sync_token",
+        "max_token",
+        "csrf_token_name",
+    }
 )
 """Keys that end like secrets but name pagination cursors or limits; left as they are."""
 
@@ -127,7 +133,7 @@ BEARER_MIN_ENTROPY = 3.0  # bits per character; random tokens are ~4.5-6, words 
 # ``inner`` (through their kind-specific name) mark the part to replace when the match also
 # holds a prefix that stays (``Bearer ``, ``password=``).
 SCANNERS: tuple[tuple[str, bytes], ...] = (
-    ("jwt", rb"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
+    ("jwt", rb"eyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
     (
         "pem",
         rb"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
@@ -160,19 +166,10 @@ def is_sensitive_key(key: str) -> bool:
     return k in SENSITIVE_KEYS or k.endswith(SENSITIVE_KEY_SUFFIXES)
 
 
-def _form_key_pattern() -> bytes:
-    names = sorted(SENSITIVE_KEYS, key=len, reverse=True)
-    alt = b"|".join(re.escape(n.encode()).replace(b"_", b"[_-]") for n in names)
-    suffix = b"|".join(re.escape(s.encode()).replace(b"_", b"[_-]") for s in SENSITIVE_KEY_SUFFIXES)
-    spared = b"|".join(re.escape(n.encode()).replace(b"_", b"[_-]") for n in NOT_SENSITIVE_KEYS)
-    # name=value in a query string or form body: the value runs to the next separator.
-    return (
-        rb"(?i:(?:(?<=[?&;\s,])|^)(?!(?:" + spared + rb")=)(?:" + alt + rb"|[A-Za-z0-9_-]{0,64}(?:" + suffix + rb")))"
-        rb"=(?P<form_inner>[^&\s\"';,<>]{1,4096})"
-    )
-
-
-_FORM_KEY = _form_key_pattern()
+_FORM_VALUE = re.compile(rb"=([^&\s\"';,<>]{1,4096})")
+_KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_KEY_BEFORE = frozenset(b"?&; \t\r\n,")
+_COMPILED = tuple((name, re.compile(rx)) for name, rx in SCANNERS)
 
 
 def entropy(text: bytes) -> float:
@@ -263,19 +260,79 @@ def remap_offsets(offsets: Sequence[int], spans: Sequence[Span]) -> list[int]:
     return out
 
 
-@lru_cache(maxsize=256)
-def _combined(literals: tuple[tuple[str, bytes], ...], with_form: bool) -> re.Pattern[bytes]:
-    parts: list[bytes] = []
-    for i, (name, lit) in enumerate(literals):
-        # A value found under a sensitive JSON key is replaced in value position only (never
-        # where the same text is a key), quotes included.
-        tail = rb"(?!\s*:)" if name == JSON_VALUE else b""
-        parts.append(b"(?P<lit%d>" % i + re.escape(lit) + tail + b")")
-    for name, rx in SCANNERS:
-        parts.append(b"(?P<" + name.encode() + b">" + rx + b")")
-    if with_form:
-        parts.append(b"(?P<form_key>" + _FORM_KEY + b")")
-    return re.compile(b"|".join(parts))
+@dataclass(frozen=True, slots=True)
+class _Hit:
+    """One candidate replacement: where the match is, what part is replaced, and by what."""
+
+    rep_start: int
+    priority: int  # lower wins when two hits start at the same place
+    rep_end: int
+    match_start: int
+    match_end: int
+    text: bytes
+    kind: str
+
+
+def _literal_hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> Iterator[_Hit]:
+    for name, lit in literals:
+        pos = data.find(lit)
+        while pos != -1:
+            end = pos + len(lit)
+            if name == JSON_VALUE:
+                # A value found under a sensitive JSON key is replaced in value position only
+                # (never where the same text is a key), quotes included.
+                after = end
+                while after < len(data) and data[after] in b" \t\r\n":
+                    after += 1
+                if after >= len(data) or data[after] != 58:  # ':'
+                    yield _Hit(pos, 1, end, pos, end, b'"[redacted:key]"', "sensitive-key")
+            else:
+                yield _Hit(
+                    pos, 0, end, pos, end, b"[secret:" + name.encode() + b"]", "known-secret"
+                )
+            pos = data.find(lit, pos + 1)
+
+
+def _shape_hits(data: bytes) -> Iterator[_Hit]:
+    for priority, (name, pattern) in enumerate(_COMPILED, start=2):
+        kind = _KIND_NAMES[name]
+        for m in pattern.finditer(data):
+            if name == "bearer":
+                inner = m.group("bearer_inner")
+                if not _looks_like_bearer(inner):
+                    continue
+                start, end = m.span("bearer_inner")
+            elif name == "basic":
+                inner = m.group("basic_inner")
+                if not _looks_like_basic(inner):
+                    continue
+                start, end = m.span("basic_inner")
+            else:
+                start, end = m.span()
+            yield _Hit(
+                start, priority, end, m.start(), m.end(), b"[redacted:" + kind.encode() + b"]", kind
+            )
+
+
+def _form_hits(data: bytes) -> Iterator[_Hit]:
+    """``name=value`` pairs (query strings, form bodies) whose name is a secret's."""
+    for m in _FORM_VALUE.finditer(data):
+        eq = m.start()
+        k = eq
+        while k > 0 and eq - k < 80 and data[k - 1] in _KEY_CHARS:
+            k -= 1
+        if k == eq or (k > 0 and data[k - 1] not in _KEY_BEFORE):
+            continue
+        value = m.group(1)
+        if value.startswith(b"[") or not is_sensitive_key(data[k:eq].decode("ascii")):
+            continue
+        yield _Hit(eq + 1, 50, m.end(), k, m.end(), b"[redacted:key]", "sensitive-key")
+
+
+def _hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> list[_Hit]:
+    hits = [*_literal_hits(data, literals), *_shape_hits(data), *_form_hits(data)]
+    hits.sort(key=lambda h: (h.rep_start, h.priority, -(h.rep_end - h.rep_start)))
+    return hits
 
 
 class Redactor:
@@ -291,73 +348,57 @@ class Redactor:
         # Headers not written at all (e.g. ``date`` for a recording checked into a repository).
         self.omit_headers = frozenset(h.lower() for h in omit_headers)
 
-    # -- the regex pass ----------------------------------------------------------------------
-
-    def _pattern(self, secrets: Sequence[KnownSecret], extra: Sequence[tuple[str, bytes]] = (),
-                 with_form: bool = True) -> tuple[re.Pattern[bytes], tuple[tuple[str, bytes], ...]]:
-        lits: list[tuple[str, bytes]] = [(s.name, f) for s in secrets for f in s.literals()]
-        lits.extend(extra)
-        # Longest first across all literals, so the longest form is replaced whole.
-        lits.sort(key=lambda item: len(item[1]), reverse=True)
-        key = tuple(lits)
-        return _combined(key, with_form), key
+    # -- the matching pass --------------------------------------------------------------------
 
     @staticmethod
-    def _replacement(m: re.Match[bytes], lits: tuple[tuple[str, bytes], ...]) -> tuple[int, int, bytes] | None:
-        group = m.lastgroup
-        assert group is not None
-        if group.startswith("lit"):
-            name = lits[int(group[3:])][0]
-            if name == JSON_VALUE:
-                return m.start(), m.end(), b'"[redacted:key]"'
-            return m.start(), m.end(), b"[secret:" + name.encode() + b"]"
-        if group == "form_key":
-            start, end = m.span("form_inner")
-            if m.group("form_inner").startswith(b"["):
-                return None
-            return start, end, b"[redacted:key]"
-        if group == "bearer":
-            start, end = m.span("bearer_inner")
-            if not _looks_like_bearer(m.group("bearer_inner")):
-                return None
-            return start, end, b"[redacted:bearer]"
-        if group == "basic":
-            start, end = m.span("basic_inner")
-            if not _looks_like_basic(m.group("basic_inner")):
-                return None
-            return start, end, b"[redacted:basic]"
-        return m.start(), m.end(), b"[redacted:" + _KIND_NAMES[group].encode() + b"]"
+    def _literals(
+        secrets: Sequence[KnownSecret], extra: Sequence[tuple[str, bytes]] = ()
+    ) -> list[tuple[str, bytes]]:
+        lits: list[tuple[str, bytes]] = [(s.name, f) for s in secrets for f in s.literals()]
+        lits.extend(extra)
+        # Longest first, so the longest form of a value is the one replaced.
+        lits.sort(key=lambda item: len(item[1]), reverse=True)
+        return lits
 
-    def _apply(self, data: bytes, pattern: re.Pattern[bytes], lits: tuple[tuple[str, bytes], ...],
-               final: bool = True) -> tuple[bytes, list[Span], int]:
-        """Replace every match; with ``final`` False, stop before a match that could still
-        grow past the end. Returns (output, spans, consumed input length)."""
+    @staticmethod
+    def _apply(
+        data: bytes, literals: Sequence[tuple[str, bytes]], final: bool = True
+    ) -> tuple[bytes, list[Span], int, list[_Hit]]:
+        """Replace every hit, earliest first (ties: provenance, JSON keys, shapes, form keys).
+
+        With ``final`` False, nothing is replaced from the start of a match that reaches into
+        the last ``OVERLAP`` bytes: more input could still extend it. Returns the output, the
+        spans replaced, how much input was consumed, and the hits applied.
+        """
+        hits = _hits(data, literals)
+        cut = len(data)
+        if not final:
+            cut = max(len(data) - OVERLAP, 0)
+            for h in hits:
+                if h.match_end > len(data) - OVERLAP:
+                    cut = min(cut, h.match_start)
         out: list[bytes] = []
         spans: list[Span] = []
+        applied: list[_Hit] = []
         pos = 0
-        limit = len(data) if final else max(len(data) - OVERLAP, 0)
-        for m in pattern.finditer(data):
-            if not final and m.end() > limit:
-                limit = min(limit, m.start())
-                break
-            rep = self._replacement(m, lits)
-            if rep is None:
+        for h in hits:
+            if h.rep_start < pos or h.rep_end > cut:
                 continue
-            start, end, text = rep
-            out.append(data[pos:start])
-            out.append(text)
-            spans.append((start, end, len(text)))
-            pos = end
-        consumed = len(data) if final else max(limit, pos)
-        out.append(data[pos:consumed])
-        return b"".join(out), spans, consumed
+            out.append(data[pos : h.rep_start])
+            out.append(h.text)
+            spans.append((h.rep_start, h.rep_end, len(h.text)))
+            applied.append(h)
+            pos = h.rep_end
+        out.append(data[pos:cut])
+        return b"".join(out), spans, cut, applied
 
     # -- values ------------------------------------------------------------------------------
 
     def text(self, value: str, secrets: Sequence[KnownSecret] = ()) -> str:
         """A header value, target or any short string, with secrets replaced by markers."""
-        pattern, lits = self._pattern(secrets)
-        data, spans, _ = self._apply(value.encode("utf-8", "surrogateescape"), pattern, lits)
+        data, spans, _, _ = self._apply(
+            value.encode("utf-8", "surrogateescape"), self._literals(secrets)
+        )
         return data.decode("utf-8", "replace") if spans else value
 
     def target(self, target: str, secrets: Sequence[KnownSecret] = ()) -> str:
@@ -372,8 +413,13 @@ class Redactor:
             if low in self.omit_headers:
                 continue
             carried = next(
-                (s for s in secrets if s.header is not None and s.header.lower() == low
-                 and value in (s.header_value, s.value)),
+                (
+                    s
+                    for s in secrets
+                    if s.header is not None
+                    and s.header.lower() == low
+                    and value in (s.header_value, s.value)
+                ),
                 None,
             )
             if carried is not None:
@@ -401,10 +447,12 @@ class Redactor:
         if is_json:
             values, non_string = _sensitive_values(doc)
             for v in values:
+                if any(s.value and s.value in v for s in secrets):
+                    continue  # provenance names it better: [secret:<name>]
                 for form in {json.dumps(v).encode(), json.dumps(v, ensure_ascii=False).encode()}:
                     extra.append((JSON_VALUE, form))
-        pattern, lits = self._pattern(secrets, extra)
-        out, spans, _ = self._apply(data, pattern, lits)
+        literals = self._literals(secrets, extra)
+        out, spans, _, _ = self._apply(data, literals)
         if is_json and (non_string or extra):
             # Check the result: anything under a sensitive key not yet a marker (a number, or a
             # string escaped another way) means re-serialising the document with it replaced.
@@ -415,17 +463,19 @@ class Redactor:
             if check is None or _has_unredacted(check):
                 fixed = _redact_doc(doc)
                 text = json.dumps(fixed, ensure_ascii=False, separators=(",", ":")).encode()
-                again, _, _ = self._apply(text, pattern, lits)
+                again, _, _, _ = self._apply(text, literals)
                 return Redacted(again, None)
         return Redacted(out, tuple(spans))
 
-    def stream(self, src: IO[bytes], dst: IO[bytes], secrets: Sequence[KnownSecret] = ()) -> list[Span]:
+    def stream(
+        self, src: IO[bytes], dst: IO[bytes], secrets: Sequence[KnownSecret] = ()
+    ) -> list[Span]:
         """Redact a body too large for memory, window by window (provenance and shapes).
 
         A match is only replaced once everything after it that could extend it has been read,
         so a token split across two windows is still found whole.
         """
-        pattern, lits = self._pattern(secrets)
+        literals = self._literals(secrets)
         spans: list[Span] = []
         carry = b""
         base = 0  # input offset of carry[0]
@@ -433,7 +483,7 @@ class Redactor:
             block = src.read(WINDOW)
             final = not block
             data = carry + block
-            out, local, consumed = self._apply(data, pattern, lits, final=final)
+            out, local, consumed, _ = self._apply(data, literals, final=final)
             dst.write(out)
             spans.extend((base + s, base + e, n) for s, e, n in local)
             carry = data[consumed:]
@@ -441,28 +491,24 @@ class Redactor:
             if final:
                 return spans
 
-    def scan(self, data: bytes, known: Sequence[KnownSecret] = ()) -> Iterator[tuple[int, str, bytes]]:
+    def scan(
+        self, data: bytes, known: Sequence[KnownSecret] = ()
+    ) -> Iterator[tuple[int, str, bytes]]:
         """(offset, kind, matched bytes) of everything secret-looking in ``data``."""
-        pattern, lits = self._pattern(known)
-        for m in pattern.finditer(data):
-            rep = self._replacement(m, lits)
-            if rep is None:
-                continue
-            group = m.lastgroup or ""
-            if group.startswith("lit"):
-                kind = "known-secret"
-            elif group == "form_key":
-                kind = "sensitive-key"
-            else:
-                kind = _KIND_NAMES.get(group, group)
-            yield rep[0], kind, data[rep[0] : rep[1]]
+        _, _, _, applied = self._apply(data, self._literals(known))
+        for h in applied:
+            yield h.rep_start, h.kind, data[h.rep_start : h.rep_end]
 
 
 DEFAULT_REDACTOR = Redactor()
 
 
 def _is_marker(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith(("[redacted:", "[secret:")) and value.endswith("]")
+    return (
+        isinstance(value, str)
+        and value.startswith(("[redacted:", "[secret:"))
+        and value.endswith("]")
+    )
 
 
 def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
@@ -497,8 +543,10 @@ def _redact_doc(doc: Any, under: bool = False) -> Any:
         return {k: _redact_doc(v, under or is_sensitive_key(str(k))) for k, v in doc.items()}
     if isinstance(doc, list):
         return [_redact_doc(v, under) for v in doc]
-    if under and (isinstance(doc, str) and doc or isinstance(doc, int | float)) and not isinstance(
-        doc, bool
+    if (
+        under
+        and (isinstance(doc, str) and doc or isinstance(doc, int | float))
+        and not isinstance(doc, bool)
     ):
         return doc if _is_marker(doc) else "[redacted:key]"
     return doc
@@ -529,7 +577,9 @@ def _line_of(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
-def _scan_bytes(rel: str, data: bytes, known: Sequence[KnownSecret], line: int | None = None) -> list[Finding]:
+def _scan_bytes(
+    rel: str, data: bytes, known: Sequence[KnownSecret], line: int | None = None
+) -> list[Finding]:
     return [
         Finding(rel, line if line is not None else _line_of(data, off), kind, mask(found))
         for off, kind, found in DEFAULT_REDACTOR.scan(data, known)
@@ -549,7 +599,9 @@ def _walk_record(rel: str, line: int, record: Any, known: Sequence[KnownSecret])
             if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str):
                 name, value = pair
                 if name.lower() in SENSITIVE_HEADERS and isinstance(value, str) and value:
-                    findings.append(Finding(rel, line, "sensitive-header", f"{name}: {mask(value)}"))
+                    findings.append(
+                        Finding(rel, line, "sensitive-header", f"{name}: {mask(value)}")
+                    )
         for key in ("body", "raw"):
             body = section.get(key)
             data: bytes | None = None

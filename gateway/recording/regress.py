@@ -37,9 +37,17 @@ if TYPE_CHECKING:
 
 NOT_POLICY_REASONS = frozenset(
     {
-        "token_missing", "token_invalid", "token_expired", "token_revoked",
-        "rate_limited", "quota_exhausted", "approval_denied", "approval_timeout",
-        "state_unavailable", "internal_error", "replay_miss",
+        "token_missing",
+        "token_invalid",
+        "token_expired",
+        "token_revoked",
+        "rate_limited",
+        "quota_exhausted",
+        "approval_denied",
+        "approval_timeout",
+        "state_unavailable",
+        "internal_error",
+        "replay_miss",
     }
 )
 """Denials a policy file does not decide alone; not comparable from a recording."""
@@ -60,16 +68,23 @@ class Change:
     after: dict[str, Any]
 
     def as_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "recording": self.recording, "call": self.call,
-                "agent": self.agent, "roles": list(self.roles), "before": self.before,
-                "after": self.after}
+        return {
+            "kind": self.kind,
+            "recording": self.recording,
+            "call": self.call,
+            "agent": self.agent,
+            "roles": list(self.roles),
+            "before": self.before,
+            "after": self.after,
+        }
 
     def describe(self) -> str:
         def side(d: dict[str, Any]) -> str:
             rule = f" by rule {d['rule']!r}" if d.get("rule") else ""
             return f"{d['decision']} ({d['reason']}){rule}"
 
-        text = f"{self.kind:16} {self.recording} {self.call}: {side(self.before)} -> {side(self.after)}"
+        change = f"{side(self.before)} -> {side(self.after)}"
+        text = f"{self.kind:16} {self.recording} {self.call}: {change}"
         if self.after.get("detail") and self.after["decision"] == "deny":
             text += f"\n{'':17}{self.after['detail']}"
         return text
@@ -95,11 +110,19 @@ class RegressionReport:
         return 1 if self.regressions and not allow_regressions else 0
 
     def as_dict(self) -> dict[str, Any]:
-        counts = {k: len(self.of_kind(k)) for k in
-                  ("allowed->denied", "denied->allowed", "rule changed", "reason changed")}
-        return {"policy": self.policy, "recording": self.recording, "checked": self.checked,
-                "unchanged": self.unchanged, "changed": counts,
-                "changes": [c.as_json() for c in self.changes], "skipped": self.skipped}
+        counts = {
+            k: len(self.of_kind(k))
+            for k in ("allowed->denied", "denied->allowed", "rule changed", "reason changed")
+        }
+        return {
+            "policy": self.policy,
+            "recording": self.recording,
+            "checked": self.checked,
+            "unchanged": self.unchanged,
+            "changed": counts,
+            "changes": [c.as_json() for c in self.changes],
+            "skipped": self.skipped,
+        }
 
     def text(self) -> str:
         counts = self.as_dict()["changed"]
@@ -119,8 +142,11 @@ class RegressionReport:
 
 
 def _before(e: Entry) -> dict[str, Any]:
-    return {"decision": "allow" if e.decision.allowed else "deny", "reason": e.decision.reason,
-            "rule": e.decision.rule}
+    return {
+        "decision": "allow" if e.decision.allowed else "deny",
+        "reason": e.decision.reason,
+        "rule": e.decision.rule,
+    }
 
 
 async def policy_test(policy: Policy, directory: str | Path) -> RegressionReport:
@@ -130,12 +156,18 @@ async def policy_test(policy: Policy, directory: str | Path) -> RegressionReport
     for e in rec.entries():
         before = _before(e)
         if not e.decision.allowed and e.decision.reason in NOT_POLICY_REASONS:
-            report.skipped.append({"recording": e.ref, "call": e.describe(),
-                                   "why": f"decided by {e.decision.reason}, not by the rules"})
+            report.skipped.append(
+                {
+                    "recording": e.ref,
+                    "call": e.describe(),
+                    "why": f"decided by {e.decision.reason}, not by the rules",
+                }
+            )
             continue
         if not e.roles:
-            report.skipped.append({"recording": e.ref, "call": e.describe(),
-                                   "why": "no roles recorded for this call"})
+            report.skipped.append(
+                {"recording": e.ref, "call": e.describe(), "why": "no roles recorded for this call"}
+            )
             continue
         url = f"/{e.upstream}{e.target}" if e.upstream else e.target
         headers = [(k, t) for k, v in e.request_headers if (t := _text(v)) is not None]
@@ -165,9 +197,15 @@ async def policy_test(policy: Policy, directory: str | Path) -> RegressionReport
         if kind is None:
             report.unchanged += 1
             continue
-        report.changes.append(Change(
-            kind=kind, recording=e.ref, call=e.describe(), agent=e.agent, roles=e.roles,
-            before=before,
-            after={k: after.get(k) for k in ("decision", "reason", "rule", "detail")},
-        ))
+        report.changes.append(
+            Change(
+                kind=kind,
+                recording=e.ref,
+                call=e.describe(),
+                agent=e.agent,
+                roles=e.roles,
+                before=before,
+                after={k: after.get(k) for k in ("decision", "reason", "rule", "detail")},
+            )
+        )
     return report

@@ -12,6 +12,17 @@ if TYPE_CHECKING:
 MAX_PATH_IN_AUDIT = 512
 
 
+_second: list[Any] = [None, ""]  # (whole second, its formatted text): one strftime a second
+
+
+def _timestamp(t: float) -> str:
+    whole = int(t)
+    if _second[0] != whole:
+        _second[0] = whole
+        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{_second[1]}.{int((t - whole) * 1000):03d}Z"
+
+
 def audit_record(call: Call) -> dict[str, Any]:
     """The audit line's fields: who, what, which rule, the decision and why. No secrets."""
     claims = call.claims
@@ -21,8 +32,7 @@ def audit_record(call: Call) -> dict[str, Any]:
     if path is None:
         path = call.raw_target.partition("?")[0]
     record: dict[str, Any] = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(call.wall_started))
-        + f".{int((call.wall_started % 1) * 1000):03d}Z",
+        "time": _timestamp(call.wall_started),
         "request_id": call.request_id,
         "agent": claims.agent if claims else None,
         "jti": claims.jti if claims else None,

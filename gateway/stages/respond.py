@@ -28,6 +28,7 @@ from gateway.stages.inject import HOP_BY_HOP, connection_named
 if TYPE_CHECKING:
     from gateway.app import Gateway
     from gateway.call import Call
+    from gateway.transports.base import UpstreamResponse
 
 log = logging.getLogger("capgate")
 
@@ -109,6 +110,43 @@ async def _limited(chunks: AsyncIterator[bytes], call: Call, limit: int) -> Asyn
         yield chunk
 
 
+SMALL_BODY = 64 * 1024  # bodies up to this size, of declared length, are sent in one write
+NO_BODY_STATUSES = frozenset({204, 304})
+
+
+def _mask_headers(
+    upstream: UpstreamResponse, out: web.StreamResponse, drop: set[str], secret: bytes | None
+) -> None:
+    text_secret = secret.decode() if secret else None
+    for name, value in upstream.headers.items():
+        if name.lower() in drop:
+            continue
+        if text_secret and text_secret in value:
+            value = value.replace(text_secret, "*" * len(text_secret))
+        out.headers.add(name, value)
+
+
+async def _respond_small(
+    call: Call, upstream: UpstreamResponse, drop: set[str], secret: bytes | None
+) -> web.StreamResponse:
+    """A small body of declared length: read whole, masked, sent in one write."""
+    try:
+        body = await upstream.read_all()
+    except GatewayError as err:
+        await upstream.close()
+        call.error = err
+        return refusal(call, err)
+    await upstream.close()
+    if secret and secret in body:
+        body = body.replace(secret, b"*" * len(secret))
+    out = web.Response(status=upstream.status, reason=upstream.reason or None, body=body)
+    _mask_headers(upstream, out, drop, secret)
+    out.headers["X-Request-Id"] = call.request_id
+    call.status = upstream.status
+    call.response_bytes = len(body)
+    return out
+
+
 async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.StreamResponse:
     if call.error is not None or call.response is None:
         return refusal(call, call.error or InternalError("no response"))
@@ -117,9 +155,10 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
     limit = call.upstream.max_response_body
     secret = call.injection.secret.reveal().encode() if call.injection is not None else None
     chunks = _limited(upstream.iter_chunks(), call, limit)
+    chunks_untouched = True
     drop = RESPONSE_DROP | connection_named(upstream.headers)
+    declared = upstream.headers.get("Content-Length")
     try:
-        declared = upstream.headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
         if call.upstream.kind == "mcp" and 200 <= upstream.status < 300:
@@ -129,19 +168,25 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
                 media = upstream.headers.get("Content-Type", "").split(";")[0].strip().lower()
                 rewrite = filter_sse if media == "text/event-stream" else filter_json
                 chunks = rewrite(chunks, ids, allowed, limit)
+                chunks_untouched = False
                 drop = drop | {"content-length"}
     except GatewayError as err:
         await upstream.close()
         call.error = err
         return refusal(call, err)
 
+    if (
+        chunks_untouched
+        and declared is not None
+        and declared.isdigit()
+        and int(declared) <= SMALL_BODY
+        and call.method != "HEAD"
+        and upstream.status not in NO_BODY_STATUSES
+    ):
+        return await _respond_small(call, upstream, drop | {"content-length"}, secret)
+
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
-    for name, value in upstream.headers.items():
-        if name.lower() in drop:
-            continue
-        if secret and secret in value.encode():
-            value = value.replace(secret.decode(), "*" * len(secret))
-        out.headers.add(name, value)
+    _mask_headers(upstream, out, drop, secret)
     out.headers["X-Request-Id"] = call.request_id
     call.status = upstream.status
     scrub = Scrubber(secret) if secret else None

@@ -44,6 +44,9 @@ class UpstreamResponse(Protocol):
     def iter_chunks(self) -> AsyncIterator[bytes]:
         """The body, chunk by chunk, as it arrives."""
 
+    async def read_all(self) -> bytes:
+        """The whole body at once; only called when ``Content-Length`` declares a small one."""
+
     async def close(self) -> None:
         """Release the connection (abort it if the body was not read to its end)."""
 

@@ -40,9 +40,11 @@ from gateway.recording.format import (
     Decision,
     ErrorInfo,
     Exchange,
+    RecordingError,
     RecordingWriter,
     ResponseData,
     Spilled,
+    parse_iso_time,
     run_id,
 )
 from gateway.recording.redact import DEFAULT_REDACTOR, KnownSecret, Redactor
@@ -125,8 +127,9 @@ class Reservation:
 class BodySink:
     """Collects a body as it streams: in memory up to ``INLINE_LIMIT``, then a spill file."""
 
-    def __init__(self, spill: Callable[[], tuple[IO[bytes], Path]],
-                 reserve: Callable[[int], bool]) -> None:
+    def __init__(
+        self, spill: Callable[[], tuple[IO[bytes], Path]], reserve: Callable[[int], bool]
+    ) -> None:
         self._spill = spill
         self._reserve = reserve
         self._buf = bytearray()
@@ -191,9 +194,16 @@ def secrets_of(request: UpstreamRequest) -> tuple[KnownSecret, ...]:
 class TeeResponse:
     """The live response, passed through unchanged while a copy is recorded."""
 
-    def __init__(self, inner: UpstreamResponse, recorder: RecordTransport, session: RunSession,
-                 exchange: Exchange, sink: BodySink, reservation: Reservation, started: float
-                 ) -> None:
+    def __init__(
+        self,
+        inner: UpstreamResponse,
+        recorder: RecordTransport,
+        session: RunSession,
+        exchange: Exchange,
+        sink: BodySink,
+        reservation: Reservation,
+        started: float,
+    ) -> None:
         self._inner = inner
         self._recorder = recorder
         self._session = session
@@ -223,6 +233,20 @@ class TeeResponse:
             raise
         self._complete = True
 
+    async def read_all(self) -> bytes:
+        clock = self._recorder.clock
+        t0 = clock()
+        try:
+            body = await self._inner.read_all()
+        except GatewayError as exc:
+            self._error = exc
+            self._session.saw_error = True
+            raise
+        self._sink.write(body)
+        self._chunks.append((clock() - t0, len(body)))
+        self._complete = True
+        return body
+
     async def close(self) -> None:
         try:
             await self._inner.close()
@@ -239,11 +263,13 @@ class TeeResponse:
                     complete=self._complete,
                 )
                 if self._error is not None:
-                    ex.error = ErrorInfo(self._error.reason.value, self._error.status,
-                                         self._error.detail)
+                    ex.error = ErrorInfo(
+                        self._error.reason.value, self._error.status, self._error.detail
+                    )
                 ex.duration = self._recorder.clock() - self._started
-                await self._recorder._finish(self._session, ex, self._reservation,
-                                             self._sink.abandoned)
+                await self._recorder._finish(
+                    self._session, ex, self._reservation, self._sink.abandoned
+                )
 
 
 class RecordTransport:
@@ -272,12 +298,15 @@ class RecordTransport:
         self.idle_end = idle_end
         self.clock = clock
         self.wall = wall
-        self.writer = RecordingWriter(Path(directory), redactor=redactor, wall=wall,
-                                      spill_dir=spill_dir)
+        self.writer = RecordingWriter(
+            Path(directory), redactor=redactor, wall=wall, spill_dir=spill_dir
+        )
         if sample is not None:
             previous = self.writer.sampling or {}
-            self.writer.sampling = {"fraction": sample,
-                                    "dropped_runs": int(previous.get("dropped_runs", 0))}
+            self.writer.sampling = {
+                "fraction": sample,
+                "dropped_runs": int(previous.get("dropped_runs", 0)),
+            }
         self.sessions: dict[str, RunSession] = {}
         self._closed = False
 
@@ -287,12 +316,15 @@ class RecordTransport:
         session = self.sessions.get(run)
         now = self.clock()
         if session is None:
-            from gateway.recording.format import parse_iso_time
-
             entry = self.writer.ensure_run(run)
             offset = max(self.wall() - parse_iso_time(entry.started), 0.0)
-            session = RunSession(run=run, mono_start=now, offset=offset,
-                                 next_seq=self.writer.last_seq(run), last_active=now)
+            session = RunSession(
+                run=run,
+                mono_start=now,
+                offset=offset,
+                next_seq=self.writer.last_seq(run),
+                last_active=now,
+            )
             self.sessions[run] = session
         session.last_active = now
         return session
@@ -317,12 +349,21 @@ class RecordTransport:
 
     def _truncate(self, session: RunSession, why: str) -> None:
         session.dropped += 1
-        if session.truncated is None:
+        first = session.truncated is None
+        if first:
             session.truncated = why
-            log.warning("run %r reached its recording limit (%s); later calls are not recorded",
-                        session.run, why)
-        self.writer.note(session.run, truncated={"reason": session.truncated,
-                                                 "calls_not_recorded": session.dropped})
+            log.warning(
+                "run %r reached its recording limit (%s); later calls are not recorded",
+                session.run,
+                why,
+            )
+        # The manifest is rewritten the first time; later counts go with the run's end.
+        with contextlib.suppress(OSError):
+            self.writer.note(
+                session.run,
+                write=first,
+                truncated={"reason": session.truncated, "calls_not_recorded": session.dropped},
+            )
 
     def end_run(self, run: str) -> bool | None:
         """End a run: with sampling, keep or drop it. True kept, False dropped, None unknown."""
@@ -352,14 +393,18 @@ class RecordTransport:
     # -- the transport -----------------------------------------------------------------------
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        self._sweep()
-        session = self._session(run_id(request.run))
+        try:
+            self._sweep()
+            session = self._session(run_id(request.run))
+            self.writer.remember_upstream(request.upstream.name, upstream_origin(request))
+        except (OSError, RecordingError) as exc:
+            log.error("recording failed (%s); the call is forwarded unrecorded", exc)
+            return await self.live.send(request)
         if not self._admit(session):
             return await self._forward_unrecorded(session, request)
         session.inflight += 1
         seq = session.take_seq()
         t = session.offset + (self.clock() - session.mono_start)
-        self.writer.remember_upstream(request.upstream.name, upstream_origin(request))
         reserve = Reservation(session, self.limits.max_bytes)
         request_sink: BodySink | None = None
         body = request.body
@@ -399,8 +444,9 @@ class RecordTransport:
             ex.decision = dataclasses.replace(ex.decision, status=exc.status)
             ex.duration = self.clock() - started
             session.saw_error = True
-            await self._finish(session, ex, reserve,
-                               request_sink is not None and request_sink.abandoned)
+            await self._finish(
+                session, ex, reserve, request_sink is not None and request_sink.abandoned
+            )
             raise
         except BaseException:
             session.inflight -= 1
@@ -418,8 +464,9 @@ class RecordTransport:
             sink.abandon()
         return TeeResponse(response, self, session, ex, sink, reserve, started)
 
-    async def _forward_unrecorded(self, session: RunSession, request: UpstreamRequest
-                                  ) -> UpstreamResponse:
+    async def _forward_unrecorded(
+        self, session: RunSession, request: UpstreamRequest
+    ) -> UpstreamResponse:
         try:
             response = await self.live.send(request)
         except GatewayError:
@@ -429,8 +476,9 @@ class RecordTransport:
             session.saw_error = True
         return response
 
-    async def _finish(self, session: RunSession, ex: Exchange, reservation: Reservation,
-                      abandoned: bool) -> None:
+    async def _finish(
+        self, session: RunSession, ex: Exchange, reservation: Reservation, abandoned: bool
+    ) -> None:
         session.inflight -= 1
         reservation.release()
         if session.discard or abandoned:
@@ -441,19 +489,36 @@ class RecordTransport:
                     with contextlib.suppress(OSError):
                         body.path.unlink()
             return
-        if _large(ex):
-            written = await asyncio.to_thread(self.writer.append, ex)
-        else:
-            written = self.writer.append(ex)
+        try:
+            if _large(ex):
+                written = await asyncio.to_thread(self.writer.append, ex)
+            else:
+                written = self.writer.append(ex)
+        except (OSError, RecordingError) as exc:
+            self._write_failed(ex, exc)
+            return
         session.bytes += written.bytes
         session.blobs.extend(written.blobs)
+
+    def _write_failed(self, ex: Exchange, exc: Exception) -> None:
+        """A recording that cannot be written never changes the call: log it, go on."""
+        log.error("recording of %s %s (run %r, seq %d) failed: %s", ex.method, ex.target,
+                  ex.run, ex.seq, exc)
+        for body in (ex.request_body, ex.response.body if ex.response else None):
+            if isinstance(body, Spilled):
+                with contextlib.suppress(OSError):
+                    body.path.unlink()
 
     def observe_denial(self, denial: Denial) -> None:
         """Record a call the gateway refused (the pipeline calls this for every denial)."""
         if self._closed:
             return
-        self._sweep()
-        session = self._session(run_id(denial.run))
+        try:
+            self._sweep()
+            session = self._session(run_id(denial.run))
+        except (OSError, RecordingError) as exc:
+            log.error("recording of a denial failed: %s", exc)
+            return
         session.saw_denial = True
         if not self._admit(session):
             return
@@ -473,7 +538,11 @@ class RecordTransport:
             request_body=denial.body,
             decision=Decision(False, denial.reason, denial.rule, denial.status),
         )
-        written = self.writer.append(ex)
+        try:
+            written = self.writer.append(ex)
+        except (OSError, RecordingError) as exc:
+            self._write_failed(ex, exc)
+            return
         session.bytes += written.bytes
         session.blobs.extend(written.blobs)
 
@@ -485,11 +554,14 @@ class RecordTransport:
             for run in list(self.sessions):
                 self.end_run(run)
             self.writer.write_manifest()
+        except (OSError, RecordingError) as exc:
+            log.error("the recording in %s could not be finished: %s", self.writer.root, exc)
         finally:
             await self.live.close()
 
 
 def _large(ex: Exchange) -> bool:
     bodies = (ex.request_body, ex.response.body if ex.response else None)
-    return any(isinstance(b, Spilled) or (isinstance(b, bytes) and len(b) > INLINE_LIMIT)
-               for b in bodies)
+    return any(
+        isinstance(b, Spilled) or (isinstance(b, bytes) and len(b) > INLINE_LIMIT) for b in bodies
+    )

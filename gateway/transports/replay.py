@@ -17,9 +17,11 @@ has no answer for. It is refused in CI (``ci=True``): a CI run must never reach 
 its recording (status, ``Content-Type``, body after redaction); differences are logged and
 listed in the report, and never change or fail the call.
 
-Recorded header markers come back as text: ``{"secret": name}`` as ``[secret:<name>]``,
-``{"redacted": kind}`` as ``[redacted:<kind>]``; ``Content-Length`` is set to the length of
-the recorded body.
+Recorded markers come back as text: ``{"redacted": kind}`` as ``[redacted:<kind>]``, and a
+reference to a credential (``{"secret": name}``, ``[secret:<name>]``) as that credential when
+it is the one injected into this call (``Unmarker``: the ``respond`` stage then masks it as it
+masked the original), else as ``[secret:<name>]``. ``Content-Length`` is set to the length of
+the body played back.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDict
 
-from gateway.errors import ERROR_CLASSES, ConfigError, GatewayError, Reason, ReplayMiss, UpstreamError
+from gateway.errors import (
+    ERROR_CLASSES,
+    ConfigError,
+    GatewayError,
+    Reason,
+    ReplayMiss,
+    UpstreamError,
+)
 from gateway.recording.format import Entry, ErrorInfo, Recording, load_recording
 from gateway.recording.matching import Matcher, Probe, ReplayMissed, ReplayReport, make_probe
 from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor
@@ -77,26 +86,88 @@ async def read_body(body: Body) -> bytes | None:
     return b"".join(parts)
 
 
+class Unmarker:
+    """Puts the credential this gateway holds back where the recording says it was.
+
+    An upstream that echoes its request (a debugging endpoint, an error page) sent the
+    credential back; the recording holds ``[secret:<name>]`` there. On replay the marker of the
+    credential injected into *this* call becomes that credential again, so the ``respond``
+    stage masks it exactly as it masked the original: the agent sees the same bytes, and never
+    the value. Markers of other credentials stay as they are.
+    """
+
+    def __init__(self, mapping: Mapping[bytes, bytes]) -> None:
+        self.mapping = dict(mapping)
+        self.longest = max((len(k) for k in self.mapping), default=0)
+        self.tail = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if not self.mapping:
+            return data
+        data = self.tail + data
+        for marker, value in self.mapping.items():
+            data = data.replace(marker, value)
+        cut = len(data)
+        i = data.rfind(b"[", max(len(data) - self.longest + 1, 0))
+        if i != -1 and any(k.startswith(data[i:]) for k in self.mapping):
+            cut = i  # may be the start of a marker split across pieces: hold it back
+        self.tail = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        tail, self.tail = self.tail, b""
+        return tail
+
+
+def _markers(request: UpstreamRequest | None) -> dict[bytes, bytes]:
+    injection = request.injection if request is not None else None
+    if injection is None:
+        return {}
+    return {f"[secret:{injection.name}]".encode(): injection.secret.reveal().encode()}
+
+
 class ReplayResponse:
     """A recorded response, played back."""
 
-    def __init__(self, entry: Entry, pace: bool = False) -> None:
+    def __init__(
+        self, entry: Entry, pace: bool = False, request: UpstreamRequest | None = None
+    ) -> None:
         resp = entry.response
         assert resp is not None
         self._entry = entry
         self._pace = pace
+        self._markers = _markers(request)
         self.status = resp.status
         self.reason = resp.reason
         self.headers: CIMultiDict[str] = CIMultiDict(
-            (name, header_text(value)) for name, value in resp.headers
+            (name, self._header(value)) for name, value in resp.headers
         )
         if "Content-Length" in self.headers:
-            self.headers["Content-Length"] = str(resp.body.size if resp.body is not None else 0)
+            self.headers["Content-Length"] = str(self._length())
+
+    def _header(self, value: HeaderValue) -> str:
+        if isinstance(value, dict) and "secret" in value:
+            marker = f"[secret:{value['secret']}]".encode()
+            if marker in self._markers:
+                return self._markers[marker].decode()
+        text = header_text(value)
+        return Unmarker(self._markers).feed(text.encode()).decode() if self._markers else text
+
+    def _length(self) -> int:
+        body = self._entry.response.body if self._entry.response else None
+        if body is None:
+            return 0
+        if not self._markers:
+            return body.size
+        unmark = Unmarker(self._markers)
+        size = sum(len(unmark.feed(piece)) for piece in body.iter_sizes(()))
+        return size + len(unmark.flush())
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         resp = self._entry.response
         assert resp is not None
         if resp.body is not None:
+            unmark = Unmarker(self._markers)
             elapsed = 0.0
             sizes = [n for _, n in resp.chunks]
             times = [t for t, _ in resp.chunks]
@@ -104,10 +175,17 @@ class ReplayResponse:
                 if self._pace and i < len(times) and times[i] > elapsed:
                     await asyncio.sleep(times[i] - elapsed)
                     elapsed = times[i]
+                piece = unmark.feed(piece)
                 if piece:
                     yield piece
+            tail = unmark.flush()
+            if tail:
+                yield tail
         if self._entry.error is not None:
             raise error_from(self._entry.error)
+
+    async def read_all(self) -> bytes:
+        return b"".join([piece async for piece in self.iter_chunks()])
 
     async def close(self) -> None:
         return None
@@ -153,8 +231,15 @@ class ReplayTransport:
             log.warning("recording: %s", warning)
 
     def probe(self, request: UpstreamRequest, body: bytes | None) -> Probe:
-        return make_probe(request.upstream.name, request.method, request.target, body,
-                          request.rule, secrets_of(request), self.redactor)
+        return make_probe(
+            request.upstream.name,
+            request.method,
+            request.target,
+            body,
+            request.rule,
+            secrets_of(request),
+            self.redactor,
+        )
 
     def lookup(self, request: UpstreamRequest, body: bytes | None) -> Entry:
         """The recorded exchange for this call, or ``ReplayMiss`` explaining why not."""
@@ -164,23 +249,31 @@ class ReplayTransport:
             return state.answer(probe)
         except ReplayMissed as missed:
             log.warning("replay miss: %s", missed.miss.detail())
-            raise ReplayMiss(missed.miss.detail(), rule=probe.rule_id,
-                             errors=missed.miss.errors()) from None
+            raise ReplayMiss(
+                missed.miss.detail(), rule=probe.rule_id, errors=missed.miss.errors()
+            ) from None
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         body = await read_body(request.body)
         entry = self.lookup(request, body)
-        return self.respond(entry)
+        return self.respond(entry, request)
 
-    def respond(self, entry: Entry) -> UpstreamResponse:
+    def respond(self, entry: Entry, request: UpstreamRequest | None = None) -> UpstreamResponse:
         if entry.response is None:
             assert entry.error is not None, f"{entry.ref} has neither a response nor an error"
             raise error_from(entry.error)
-        return ReplayResponse(entry, self.pace)
+        return ReplayResponse(entry, self.pace, request)
 
     def observe_denial(self, denial: Denial) -> None:
-        probe = make_probe(denial.upstream or "", denial.method, denial.target, denial.body,
-                           None, (), self.redactor)
+        probe = make_probe(
+            denial.upstream or "",
+            denial.method,
+            denial.target,
+            denial.body,
+            None,
+            (),
+            self.redactor,
+        )
         self.matcher.state(denial.run).denial(probe, denial.reason)
 
     def report(self) -> ReplayReport:
@@ -217,8 +310,13 @@ class ReplayOrRecordTransport:
             )
         # The recorder first: it creates the directory and manifest when they do not exist.
         self.recorder = RecordTransport(live, Path(directory), sample=sample, redactor=redactor)
-        self.replay = ReplayTransport(Path(directory), repeat_last=repeat_last, run_map=run_map,
-                                      report_path=report_path, redactor=redactor)
+        self.replay = ReplayTransport(
+            Path(directory),
+            repeat_last=repeat_last,
+            run_map=run_map,
+            report_path=report_path,
+            redactor=redactor,
+        )
         self.replay.mode = self.mode
         self.recorded: list[str] = []
 
@@ -233,7 +331,7 @@ class ReplayOrRecordTransport:
                 state.misses.pop()  # not a miss in this mode: it is recorded now
             state.recorded.append(f"{request.method} {request.upstream.name} {request.target}")
             return await self.recorder.send(request)
-        return self.replay.respond(entry)
+        return self.replay.respond(entry, request)
 
     def observe_denial(self, denial: Denial) -> None:
         self.replay.observe_denial(denial)
@@ -249,8 +347,14 @@ class ReplayOrRecordTransport:
 class ShadowResponse:
     """The live response, passed through unchanged, compared with its recording at the end."""
 
-    def __init__(self, inner: UpstreamResponse, shadow: ShadowTransport, request: UpstreamRequest,
-                 probe: Probe, entry: Entry | None) -> None:
+    def __init__(
+        self,
+        inner: UpstreamResponse,
+        shadow: ShadowTransport,
+        request: UpstreamRequest,
+        probe: Probe,
+        entry: Entry | None,
+    ) -> None:
         self._inner = inner
         self._shadow = shadow
         self._request = request
@@ -272,14 +376,29 @@ class ShadowResponse:
             yield chunk
         self._complete = True
 
+    async def read_all(self) -> bytes:
+        body = await self._inner.read_all()
+        self._size = len(body)
+        self._body = bytearray(body[:COMPARE_LIMIT])
+        self._complete = True
+        return body
+
     async def close(self) -> None:
         try:
             await self._inner.close()
         finally:
             if not self._compared:
                 self._compared = True
-                self._shadow.compare(self._request, self._probe, self._entry, self.status,
-                                     self.headers, bytes(self._body), self._size, self._complete)
+                self._shadow.compare(
+                    self._request,
+                    self._probe,
+                    self._entry,
+                    self.status,
+                    self.headers,
+                    bytes(self._body),
+                    self._size,
+                    self._complete,
+                )
 
 
 class ShadowTransport:
@@ -297,8 +416,9 @@ class ShadowTransport:
         redactor: Redactor = DEFAULT_REDACTOR,
     ) -> None:
         self.live = live
-        self.replay = ReplayTransport(Path(directory), run_map=run_map, report_path=report_path,
-                                      redactor=redactor)
+        self.replay = ReplayTransport(
+            Path(directory), run_map=run_map, report_path=report_path, redactor=redactor
+        )
         self.replay.mode = self.mode
         self.redactor = redactor
 
@@ -316,39 +436,66 @@ class ShadowTransport:
         try:
             response = await self.live.send(request)
         except GatewayError as exc:
-            if entry is not None and (entry.error is None or entry.error.reason != exc.reason.value):
-                recorded = entry.error.reason if entry.error else str(entry.response and entry.response.status)
-                self._differ(request, probe, [f"live failed ({exc.reason.value}), recorded {recorded}"])
+            if entry is not None and (
+                entry.error is None or entry.error.reason != exc.reason.value
+            ):
+                recorded = (
+                    entry.error.reason
+                    if entry.error
+                    else str(entry.response and entry.response.status)
+                )
+                self._differ(
+                    request, probe, [f"live failed ({exc.reason.value}), recorded {recorded}"]
+                )
             raise
         return ShadowResponse(response, self, request, probe, entry)
 
     def _differ(self, request: UpstreamRequest, probe: Probe, differences: list[str]) -> None:
         state = self.replay.matcher.state(request.run)
-        item: dict[str, Any] = {"run": state.run, "call": probe.describe(),
-                                "request_id": request.request_id, "differences": differences}
+        item: dict[str, Any] = {
+            "run": state.run,
+            "call": probe.describe(),
+            "request_id": request.request_id,
+            "differences": differences,
+        }
         state.differences.append(item)
-        log.warning("shadow: %s differs from its recording: %s", probe.describe(),
-                    "; ".join(differences))
+        log.warning(
+            "shadow: %s differs from its recording: %s", probe.describe(), "; ".join(differences)
+        )
 
-    def compare(self, request: UpstreamRequest, probe: Probe, entry: Entry | None, status: int,
-                headers: CIMultiDict[str], body: bytes, size: int, complete: bool) -> None:
+    def compare(
+        self,
+        request: UpstreamRequest,
+        probe: Probe,
+        entry: Entry | None,
+        status: int,
+        headers: CIMultiDict[str],
+        body: bytes,
+        size: int,
+        complete: bool,
+    ) -> None:
         if entry is None:
             return
         diffs: list[str] = []
         rec = entry.response
         if rec is None:
-            diffs.append(f"status: {status} != recorded failure "
-                         f"({entry.error.reason if entry.error else 'unknown'})")
+            diffs.append(
+                f"status: {status} != recorded failure "
+                f"({entry.error.reason if entry.error else 'unknown'})"
+            )
             self._differ(request, probe, diffs)
             return
         if status != rec.status:
             diffs.append(f"status: {status} != {rec.status}")
         live_type = headers.get("Content-Type")
-        rec_type = next((header_text(v) for k, v in rec.headers if k.lower() == "content-type"),
-                        None)
+        rec_type = next(
+            (header_text(v) for k, v in rec.headers if k.lower() == "content-type"), None
+        )
         if live_type != rec_type:
             diffs.append(f"header Content-Type: {live_type!r} != {rec_type!r}")
-        recorded = rec.body.read() if rec.body is not None and rec.body.size <= COMPARE_LIMIT else None
+        recorded = (
+            rec.body.read() if rec.body is not None and rec.body.size <= COMPARE_LIMIT else None
+        )
         if not complete:
             diffs.append("the live body was not read to its end")
         elif size > COMPARE_LIMIT or recorded is None:
@@ -381,6 +528,10 @@ def _body_difference(live: bytes, recorded: bytes) -> str:
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         shown = ", ".join(f"/{k}" for k in keys[:6])
         return f"body: JSON fields differ: {shown}" + (" ..." if len(keys) > 6 else "")
-    at = next((i for i, (x, y) in enumerate(zip(live, recorded, strict=False)) if x != y),
-              min(len(live), len(recorded)))
-    return f"body: {len(live)} bytes != {len(recorded)} bytes recorded (first difference at byte {at})"
+    at = next(
+        (i for i, (x, y) in enumerate(zip(live, recorded, strict=False)) if x != y),
+        min(len(live), len(recorded)),
+    )
+    return (
+        f"body: {len(live)} bytes != {len(recorded)} bytes recorded (first difference at byte {at})"
+    )

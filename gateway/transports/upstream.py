@@ -40,6 +40,14 @@ class LiveResponse:
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable("the upstream connection broke during the response") from exc
 
+    async def read_all(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout("the upstream stopped sending its response in time") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable("the upstream connection broke during the response") from exc
+
     async def close(self) -> None:
         if not self._resp.content.at_eof():
             self._resp.close()  # not fully read: drop the connection, do not reuse it

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import Settings
 from gateway.recording.interim import install
+from gateway.transports.base import Transport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayTransport
 from mocks.demo import Workspace, rewrite_policy_urls
@@ -49,7 +50,9 @@ class Recorded:
 
 
 @pytest.fixture
-async def recorded(gateway: Gateway, aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Recorded]:
+async def recorded(
+    gateway: Gateway, aiohttp_client: Any, tmp_path: Path
+) -> AsyncIterator[Recorded]:
     """The test gateway (real mocks) with the record transport writing to tmp_path/rec."""
     directory = tmp_path / "rec"
     gateway.transport = RecordTransport(gateway.transport, directory)
@@ -66,14 +69,41 @@ def dead_policy(tmp_path: Path, mocks: Any) -> Path:
 
 
 ReplayFactory = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
+GatewayFactory = Callable[
+    [Callable[[Transport], Transport]], Awaitable[tuple[TestClient[Any, Any], Gateway]]
+]
 
 
 @pytest.fixture
-def replay_gateway(settings: Settings, workspace: Workspace, dead_policy: Path,
-                   aiohttp_client: Any) -> ReplayFactory:
+def replay_gateway(
+    settings: Settings, workspace: Workspace, dead_policy: Path, tmp_path: Path, aiohttp_client: Any
+) -> ReplayFactory:
+    """A second gateway, every upstream on a dead port, answering from a recording."""
+    count = 0
+
     async def make(directory: Path, **options: Any) -> tuple[TestClient[Any, Any], Gateway]:
-        gw = build_gateway(dataclasses.replace(settings, policy=dead_policy), workspace.environ())
+        nonlocal count
+        count += 1
+        s = dataclasses.replace(
+            settings, policy=dead_policy, audit=tmp_path / f"replay-audit-{count}.jsonl"
+        )
+        gw = build_gateway(s, workspace.environ())
         gw.transport = ReplayTransport(directory, **options)
+        return await aiohttp_client(create_app(gw)), gw
+
+    return make
+
+
+@pytest.fixture
+def live_gateway(
+    settings: Settings, workspace: Workspace, tmp_path: Path, aiohttp_client: Any
+) -> GatewayFactory:
+    """A second gateway on the real mocks, with the transport ``wrap(live)`` returns."""
+
+    async def make(wrap: Callable[[Transport], Transport]) -> tuple[TestClient[Any, Any], Gateway]:
+        s = dataclasses.replace(settings, audit=tmp_path / "live-audit.jsonl")
+        gw = build_gateway(s, workspace.environ())
+        gw.transport = wrap(gw.transport)
         return await aiohttp_client(create_app(gw)), gw
 
     return make
@@ -84,9 +114,14 @@ def bearer(tok: str) -> dict[str, str]:
 
 
 def read_all_bytes(directory: Path) -> dict[str, bytes]:
-    return {p.relative_to(directory).as_posix(): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def records(directory: Path, run: str = "default") -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (directory / "runs" / f"{run}.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (directory / "runs" / f"{run}.jsonl").read_text().splitlines()
+    ]

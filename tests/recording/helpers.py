@@ -42,9 +42,18 @@ def mini_policy(text: str = MINI_POLICY) -> Policy:
     return load_policy("mini.yaml", text)
 
 
-def request(policy: Policy, rule_id: str | None, method: str, target: str, *,
-            upstream: str = "api", body: bytes | None = None, run: str | None = None,
-            headers: Sequence[tuple[str, str]] = (), agent: str = "agent-1") -> UpstreamRequest:
+def request(
+    policy: Policy,
+    rule_id: str | None,
+    method: str,
+    target: str,
+    *,
+    upstream: str = "api",
+    body: bytes | None = None,
+    run: str | None = None,
+    headers: Sequence[tuple[str, str]] = (),
+    agent: str = "agent-1",
+) -> UpstreamRequest:
     rule: Rule | None = policy.rules_by_id[rule_id] if rule_id else None
     return UpstreamRequest(
         upstream=policy.upstreams[upstream],
@@ -64,8 +73,9 @@ class FakeResponse:
     status: int = 200
     reason: str = "OK"
     chunks: list[bytes] = field(default_factory=lambda: [b'{"ok":true}'])
-    headers: CIMultiDict[str] = field(default_factory=lambda: CIMultiDict(
-        {"Content-Type": "application/json"}))
+    headers: CIMultiDict[str] = field(
+        default_factory=lambda: CIMultiDict({"Content-Type": "application/json"})
+    )
     fail_after: GatewayError | None = None
     closed: bool = False
 
@@ -74,6 +84,9 @@ class FakeResponse:
             yield c
         if self.fail_after is not None:
             raise self.fail_after
+
+    async def read_all(self) -> bytes:
+        return b"".join([c async for c in self.iter_chunks()])
 
     async def close(self) -> None:
         self.closed = True
@@ -95,8 +108,13 @@ class FakeLive:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, GatewayError):
             raise answer
-        return FakeResponse(answer.status, answer.reason, list(answer.chunks),
-                            CIMultiDict(answer.headers), answer.fail_after)
+        return FakeResponse(
+            answer.status,
+            answer.reason,
+            list(answer.chunks),
+            CIMultiDict(answer.headers),
+            answer.fail_after,
+        )
 
     async def close(self) -> None:
         self.closed = True
@@ -109,21 +127,51 @@ async def drain(resp: Any) -> bytes:
         await resp.close()
 
 
-def exchange(seq: int, target: str, response_body: bytes, *, run: str = "r1",
-             upstream: str = "api", method: str = "GET", body: bytes | None = None,
-             rule: Rule | None = None, kind: str = "exchange", status: int = 200,
-             headers: Sequence[tuple[str, str]] = (), roles: tuple[str, ...] = ("reader",),
-             chunks: Sequence[tuple[float, int]] = ()) -> Exchange:
+def exchange(
+    seq: int,
+    target: str,
+    response_body: bytes,
+    *,
+    run: str = "r1",
+    upstream: str = "api",
+    method: str = "GET",
+    body: bytes | None = None,
+    rule: Rule | None = None,
+    kind: str = "exchange",
+    status: int = 200,
+    headers: Sequence[tuple[str, str]] = (),
+    roles: tuple[str, ...] = ("reader",),
+    chunks: Sequence[tuple[float, int]] = (),
+) -> Exchange:
     allowed = kind == "exchange"
     return Exchange(
-        kind=kind, run=run, seq=seq, t=seq * 0.1, method=method, target=target,
-        upstream=upstream, agent="agent-1", roles=roles, request_id=f"req-{seq}",
+        kind=kind,
+        run=run,
+        seq=seq,
+        t=seq * 0.1,
+        method=method,
+        target=target,
+        upstream=upstream,
+        agent="agent-1",
+        roles=roles,
+        request_id=f"req-{seq}",
         request_headers=[("Content-Type", "application/json")] if body else [],
         request_body=body,
-        decision=Decision(allowed, "allowed" if allowed else "no_rule",
-                          rule.id if rule else None, status if allowed else 403),
-        response=ResponseData(status, "OK", [("Content-Type", "application/json"), *headers],
-                              response_body, list(chunks)) if allowed else None,
+        decision=Decision(
+            allowed,
+            "allowed" if allowed else "no_rule",
+            rule.id if rule else None,
+            status if allowed else 403,
+        ),
+        response=ResponseData(
+            status,
+            "OK",
+            [("Content-Type", "application/json"), *headers],
+            response_body,
+            list(chunks),
+        )
+        if allowed
+        else None,
         rule=rule,
     )
 

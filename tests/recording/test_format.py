@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gateway.recording.format import (
-    INLINE_LIMIT,
     FORMAT,
+    INLINE_LIMIT,
     RecordingError,
     RecordingWriter,
     Spilled,
@@ -27,15 +27,27 @@ def test_round_trip_inline_base64_and_blob(tmp_path: Path) -> None:
     write(
         tmp_path,
         exchange(1, "/items?a=1", b'{"items": []}', rule=policy.rules_by_id["items"]),
-        exchange(2, "/items", b'{"id": 7}', method="POST", body=b'{ "b": 1,  "a": [1, 2] }',
-                 rule=policy.rules_by_id["create"], chunks=[(0.0, 4), (0.5, 5)]),
+        exchange(
+            2,
+            "/items",
+            b'{"id": 7}',
+            method="POST",
+            body=b'{ "b": 1,  "a": [1, 2] }',
+            rule=policy.rules_by_id["create"],
+            chunks=[(0.0, 4), (0.5, 5)],
+        ),
         exchange(3, "/ping", binary),
         exchange(4, "/ping", big),
     )
     rec = load_recording(tmp_path)
     [run] = rec.runs.values()
     e1, e2, e3, e4 = run.entries
-    assert (e1.method, e1.target, e1.upstream, e1.roles) == ("GET", "/items?a=1", "api", ("reader",))
+    assert (e1.method, e1.target, e1.upstream, e1.roles) == (
+        "GET",
+        "/items?a=1",
+        "api",
+        ("reader",),
+    )
     assert e1.decision.rule == "items" and e1.decision.allowed
     assert e1.response is not None and e1.response.body is not None
     assert e1.response.body.read() == b'{"items": []}'
@@ -55,8 +67,16 @@ def test_round_trip_inline_base64_and_blob(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["format"] == FORMAT and manifest["version"] == 1
     assert manifest["capgate_version"] and manifest["created"].endswith("Z")
-    assert manifest["runs"] == [{"run": "r1", "file": "runs/r1.jsonl", "calls": 4, "denials": 0,
-                                 "errors": 0, "started": manifest["runs"][0]["started"]}]
+    assert manifest["runs"] == [
+        {
+            "run": "r1",
+            "file": "runs/r1.jsonl",
+            "calls": 4,
+            "denials": 0,
+            "errors": 0,
+            "started": manifest["runs"][0]["started"],
+        }
+    ]
 
 
 def test_spilled_bodies_are_redacted_into_blobs_and_the_spill_file_removed(tmp_path: Path) -> None:
@@ -96,14 +116,28 @@ def test_appending_continues_a_run_and_repairs_a_torn_last_line(tmp_path: Path) 
 
 def _v0(tmp_path: Path) -> Path:
     (tmp_path / "runs").mkdir(parents=True)
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "format": FORMAT, "version": 0, "created": "2024-01-01T00:00:00.000Z",
-        "runs": [{"run": "old", "file": "runs/old.jsonl"}],
-    }))
-    record = {"seq": 1, "t": 0.0, "agent": "a", "run": "old", "upstream": "api", "method": "GET",
-              "target": "/ping", "rule": "ping",
-              "request": {"headers": [], "form": None, "body": None, "raw": None},
-              "response": {"status": 200, "reason": "OK", "headers": [], "body": {"text": "pong"}}}
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "version": 0,
+                "created": "2024-01-01T00:00:00.000Z",
+                "runs": [{"run": "old", "file": "runs/old.jsonl"}],
+            }
+        )
+    )
+    record = {
+        "seq": 1,
+        "t": 0.0,
+        "agent": "a",
+        "run": "old",
+        "upstream": "api",
+        "method": "GET",
+        "target": "/ping",
+        "rule": "ping",
+        "request": {"headers": [], "form": None, "body": None, "raw": None},
+        "response": {"status": 200, "reason": "OK", "headers": [], "body": {"text": "pong"}},
+    }
     (tmp_path / "runs" / "old.jsonl").write_text(json.dumps(record) + "\n")
     return tmp_path
 
@@ -150,8 +184,9 @@ def _corrupt(tmp_path: Path, edit: str, value: object) -> Path:
         ("decision", "yes", r"r1.jsonl:2: decision. must be an object"),
     ],
 )
-def test_a_corrupt_record_gives_one_readable_error(tmp_path: Path, edit: str, value: object,
-                                                   message: str) -> None:
+def test_a_corrupt_record_gives_one_readable_error(
+    tmp_path: Path, edit: str, value: object, message: str
+) -> None:
     with pytest.raises(RecordingError, match=message):
         load_recording(_corrupt(tmp_path, edit, value))
 
@@ -174,13 +209,19 @@ def test_a_corrupt_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
         ({"format": FORMAT, "version": 2, "runs": []}, "written by a newer capgate"),
         ({"format": FORMAT, "version": "1", "runs": []}, "'version' must be an integer"),
         ({"format": FORMAT, "version": 1, "runs": {}}, "'runs' must be a list"),
-        ({"format": FORMAT, "version": 1, "runs": [{"run": "a", "file": "../a.jsonl"}]},
-         "must be a path under runs/"),
-        ({"format": FORMAT, "version": 1, "runs": [{"run": "a", "file": "runs/a.jsonl"}]},
-         "run file listed in the manifest is missing"),
+        (
+            {"format": FORMAT, "version": 1, "runs": [{"run": "a", "file": "../a.jsonl"}]},
+            "must be a path under runs/",
+        ),
+        (
+            {"format": FORMAT, "version": 1, "runs": [{"run": "a", "file": "runs/a.jsonl"}]},
+            "run file listed in the manifest is missing",
+        ),
     ],
 )
-def test_a_bad_manifest_gives_one_readable_error(tmp_path: Path, manifest: object, message: str) -> None:
+def test_a_bad_manifest_gives_one_readable_error(
+    tmp_path: Path, manifest: object, message: str
+) -> None:
     if manifest is not None:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         (tmp_path / "manifest.json").write_text(text)

@@ -432,8 +432,15 @@ _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
 
 
-def _where_token(token: Token) -> dict[str, Any]:
-    return {"line": token.line, "col": token.col, "order": token.start}
+def _position(text: str, offset: int) -> dict[str, Any]:
+    """line and col (1-based) of a character offset, and the offset itself for ordering."""
+    line = text.count("\n", 0, offset) + 1
+    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return {"line": line, "col": col, "order": offset}
+
+
+def _where_token(text: str, token: Token) -> dict[str, Any]:
+    return _position(text, token.start)
 
 
 def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
@@ -450,10 +457,9 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
             if depth > MAX_NESTING:
                 raise _Refusal.of(
                     Denial.DEPTH,
-                    f"the SQL nests brackets more than {MAX_NESTING} levels deep "
-                    f"(line {token.line}, column {token.col})",
+                    f"the SQL nests brackets more than {MAX_NESTING} levels deep",
                     "nesting",
-                    **_where_token(token),
+                    **_where_token(text, token),
                 )
             if kind is TokenType.L_BRACKET:
                 subscripts += 1
@@ -462,7 +468,7 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
                         Denial.SIZE,
                         f"the SQL has more than {MAX_SUBSCRIPTS} '[' subscripts",
                         "[",
-                        **_where_token(token),
+                        **_where_token(text, token),
                     )
         elif kind in _CLOSE:
             depth -= 1
@@ -477,10 +483,10 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
             ):
                 raise _Refusal.of(
                     Denial.PARSE,
-                    f"a Unicode-escaped identifier U&\"...\" at line {token.line}, column "
-                    f"{token.col}: sqlglot reads it as 'U & \"...\"', PostgreSQL decodes it",
+                    'a Unicode-escaped identifier U&"...": sqlglot reads it as \'U & "..."\', '
+                    "PostgreSQL decodes it",
                     'U&"',
-                    **_where_token(token),
+                    **_where_token(text, token),
                 )
             if (
                 kind in (TokenType.IDENTIFIER, TokenType.VAR)
@@ -488,18 +494,18 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
             ):
                 raise _Refusal.of(
                     Denial.PARSE,
-                    f"the identifier at line {token.line}, column {token.col} is longer than "
-                    f"{PG_MAX_IDENTIFIER_BYTES} bytes, which PostgreSQL would truncate",
+                    f"an identifier is longer than {PG_MAX_IDENTIFIER_BYTES} bytes, which "
+                    "PostgreSQL would truncate",
                     token.text[:80],
-                    **_where_token(token),
+                    **_where_token(text, token),
                 )
         elif dialect == "mysql" and kind is TokenType.STRING and text[token.start] == '"':
             raise _Refusal.of(
                 Denial.PARSE,
-                f'a double-quoted string at line {token.line}, column {token.col}: with '
-                "sql_mode ANSI_QUOTES MySQL reads it as an identifier; use single quotes",
+                "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
+                "identifier; use single quotes",
                 '"',
-                **_where_token(token),
+                **_where_token(text, token),
             )
         previous = token
 
@@ -518,8 +524,7 @@ def _parse_uncached(dialect: str, text: str) -> _Parsed:
     except TokenError:
         raise _Refusal.of(
             Denial.PARSE,
-            "the SQL could not be tokenized: an unterminated string, quoted identifier or "
-            "comment?",
+            "the SQL could not be tokenized: an unterminated string, quoted identifier or comment?",
             "token",
         ) from None
     if not tokens or all(t.token_type is TokenType.SEMICOLON for t in tokens):
@@ -644,13 +649,13 @@ def _is_catalog(table: TableName, dialect: str) -> bool:
 # --- the policy -------------------------------------------------------------------------------
 
 
-def _where(node: exp.Expr | None) -> dict[str, Any]:
-    """line/col/order of a node, from its own positions or those of its first identifier."""
+def _where(text: str, node: exp.Expr | None) -> dict[str, Any]:
+    """line/col/order of a node, from its own source offset or that of its first identifier."""
     for candidate in (node, getattr(node, "this", None)):
         if isinstance(candidate, exp.Expr):
-            meta = candidate.meta
-            if "line" in meta:
-                return {"line": meta["line"], "col": meta["col"], "order": meta.get("start", 0)}
+            start = candidate.meta.get("start")
+            if isinstance(start, int) and 0 <= start < len(text):
+                return _position(text, start)
     return {}
 
 
@@ -809,14 +814,12 @@ class SqlPolicy:
         for marker, what in _RAW_MARKERS:
             offset = lowered.find(marker)
             if offset >= 0:
-                line = text.count("\n", 0, offset) + 1
-                col = offset - (text.rfind("\n", 0, offset) + 1) + 1
+                where = _position(text, offset)
                 raise _Refusal.of(
                     Denial.COMMENT,
-                    f"the SQL contains {what} at line {line}, column {col}",
+                    f"the SQL contains {what}{_at(where)}",
                     text[offset : offset + len(marker)],
-                    line=line,
-                    col=col,
+                    **where,
                 )
         parsed = _parse(self.dialect, text)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
@@ -829,8 +832,7 @@ class SqlPolicy:
         if len(statements) > self.max_statements:
             raise _Refusal.of(
                 Denial.MULTIPLE,
-                f"the SQL has {len(statements)} statements; the rule allows "
-                f"{self.max_statements}",
+                f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
                 str(len(statements)),
             )
         kinds: set[str] = set()
@@ -891,6 +893,9 @@ class _StatementCheck:
         self.tables: set[str] = set()
         self.columns: set[str] = set()
 
+    def _where(self, node: exp.Expr | None) -> dict[str, Any]:
+        return _where(self.text, node)
+
     def run(self) -> _StatementResult:
         self._check_root()
         self._check_nodes()
@@ -902,7 +907,7 @@ class _StatementCheck:
             raise _Refusal.of(
                 Denial.UNCHECKED, "the SQL's sources could not be resolved", "scope"
             ) from None
-        real = self._check_tables(tree, scopes)
+        real = self._check_tables(tree)
         self._check_columns(tree, scopes, real)
         missing = self._check_limit()
         return _StatementResult(self.kinds, self.tables, self.columns, missing)
@@ -964,7 +969,7 @@ class _StatementCheck:
             stack.extend((child, depth + 1) for child in node.iter_expressions())
             if node is self.root:
                 continue
-            where = _where(node)
+            where = self._where(node)
             if isinstance(node, exp.Command) or isinstance(node, _UTILITY):
                 violations.append(
                     _Violation(
@@ -1065,7 +1070,7 @@ class _StatementCheck:
 
     def _function_problem(self, node: exp.Func) -> _Violation | None:
         name, from_text = self._function_name(node)
-        where = _where(node)
+        where = self._where(node)
         parent = node.parent
         if isinstance(parent, exp.Dot) and parent.expression is node:
             qualifier = parent.this.sql(dialect=self.dialect)
@@ -1096,25 +1101,14 @@ class _StatementCheck:
 
     # -- stage 2: tables -----------------------------------------------------------------------
 
-    def _check_tables(self, tree: exp.Expr, scopes: list[Scope]) -> list[exp.Table]:
+    def _check_tables(self, tree: exp.Expr) -> list[exp.Table]:
         """Every table named is allowed; returns the real tables (not CTE references)."""
         policy = self.policy
-        sourced: set[int] = set()
-        cte_refs: set[int] = set()
-        for scope in scopes:
-            for source in scope.sources.values():
-                if isinstance(source, exp.Table):
-                    sourced.add(id(source))
-            for table in scope.tables:
-                if id(table) in sourced or table.args.get("db") or table.args.get("catalog"):
-                    continue
-                if isinstance(scope.sources.get(table.name), Scope):
-                    cte_refs.add(id(table))
         real: list[exp.Table] = []
         violations: list[_Violation] = []
         for table in tree.find_all(exp.Table):
-            if id(table) in cte_refs and id(table) not in sourced:
-                continue  # a reference to a CTE, whose own body is checked as a scope
+            if _is_cte_reference(table):
+                continue  # a reference to a CTE, whose own body is checked where it is defined
             this = table.this
             if isinstance(this, exp.Func):
                 continue  # a table function: checked as a function
@@ -1122,7 +1116,7 @@ class _StatementCheck:
                 table.parent, exp.Into
             ):
                 continue  # INTO @variable: refused (or allowed) as INTO
-            where = _where(table)
+            where = self._where(table)
             if not isinstance(this, exp.Identifier):
                 violations.append(
                     _Violation(
@@ -1197,7 +1191,7 @@ class _StatementCheck:
                             f"{table.name} has denied column(s) and cannot be given column "
                             f"aliases ({alias.sql(dialect=self.dialect)[:80]})",
                             alias.name or table.name,
-                            **_where(alias),
+                            **self._where(alias),
                         )
                     )
         for node in tree.walk():
@@ -1222,9 +1216,9 @@ class _StatementCheck:
         self._raise(violations)
 
     @staticmethod
-    def _chain(scope: Scope | None, top: Mapping[str, exp.Table | Scope]) -> Iterator[
-        Mapping[str, exp.Table | Scope]
-    ]:
+    def _chain(
+        scope: Scope | None, top: Mapping[str, exp.Table | Scope]
+    ) -> Iterator[Mapping[str, exp.Table | Scope]]:
         while scope is not None:
             yield scope.sources
             scope = scope.parent
@@ -1246,7 +1240,7 @@ class _StatementCheck:
         denied_any: bool,
     ) -> _Violation | None:
         name = column.name
-        where = _where(column)
+        where = self._where(column)
         if column.table:
             source = self._lookup(column.table, scope, top)
             if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
@@ -1337,7 +1331,7 @@ class _StatementCheck:
     def _star(
         self, star: exp.Expr, scope: Scope | None, top: Mapping[str, exp.Table | Scope]
     ) -> list[_Violation]:
-        where = _where(star)
+        where = self._where(star)
         if isinstance(star, exp.Column) and star.table:
             found = self._lookup(star.table, scope, top)
             covered = [found] if found is not None else list(top.values())
@@ -1374,7 +1368,7 @@ class _StatementCheck:
                     f"NATURAL JOIN compares every same-named column, including the denied "
                     f"column(s) of {guarded[0].name}; join ON named columns instead",
                     "natural join",
-                    **_where(join.this),
+                    **self._where(join.this),
                 )
             )
         for ident in join.args.get("using") or []:
@@ -1387,7 +1381,7 @@ class _StatementCheck:
                             f"JOIN ... USING ({name}) compares the denied column "
                             f"{table.name}.{name}",
                             f"{table.name}.{name}",
-                            **_where(ident),
+                            **self._where(ident),
                         )
                     )
         return out
@@ -1410,7 +1404,7 @@ class _StatementCheck:
                     f"an INSERT into {target.name} without a column list writes its denied "
                     "column(s); list the columns",
                     f"{target.name}.*",
-                    **_where(target),
+                    **self._where(target),
                 )
             ]
         return [
@@ -1418,7 +1412,7 @@ class _StatementCheck:
                 Denial.COLUMN,
                 f"the INSERT writes the denied column {target.name}.{n.name}",
                 f"{target.name}.{n.name}",
-                **_where(n),
+                **self._where(n),
             )
             for n in names
             if n.name in denied
@@ -1438,7 +1432,7 @@ class _StatementCheck:
             limit = node.args.get("limit")
         if limit is None:
             return True
-        where = _where(limit)
+        where = self._where(limit)
         count: exp.Expr | None
         if isinstance(limit, exp.Fetch):
             options = limit.args.get("limit_options")
@@ -1486,6 +1480,37 @@ class _StatementCheck:
         if violations:
             violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
             raise _Refusal(violations)
+
+
+def _is_cte_reference(table: exp.Table) -> bool:
+    """True when ``table`` names a CTE visible where it stands (SQL's lexical scoping).
+
+    Only a FROM/JOIN/USING source can be a CTE: an INSERT/UPDATE/DELETE/DDL target always
+    names a real table. A CTE body sees the CTEs before it (all of them WITH RECURSIVE).
+    Identifiers are already normalised, so names compare as the database compares them.
+    """
+    if table.args.get("db") or table.args.get("catalog"):
+        return False
+    if not (isinstance(table.parent, exp.From | exp.Join) or table.arg_key == "using"):
+        return False
+    name = table.name
+    child: exp.Expr = table
+    node = table.parent
+    while node is not None:
+        if isinstance(node, exp.With):
+            if isinstance(child, exp.CTE):
+                ctes = node.expressions
+                if not node.args.get("recursive"):
+                    ctes = ctes[: next(i for i, c in enumerate(ctes) if c is child)]
+                if any(c.alias == name for c in ctes):
+                    return True
+        else:
+            with_ = node.args.get("with_")
+            if isinstance(with_, exp.With) and with_ is not child:
+                if any(c.alias == name for c in with_.expressions):
+                    return True
+        child, node = node, node.parent
+    return False
 
 
 def _under_exists(star: exp.Expr) -> bool:

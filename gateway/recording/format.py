@@ -213,7 +213,8 @@ class BlobStore:
 
     def put_bytes(self, data: bytes) -> tuple[str, bool]:
         """(ref, created) for these bytes."""
-        return self.put_stream(lambda out: out.write(data))[:2]  # type: ignore[return-value]
+        ref, created, _, _ = self.put_stream(lambda out: out.write(data))
+        return ref, created
 
     def put_stream(self, fill: Callable[[Any], T]) -> tuple[str, bool, int, T]:
         """Write a blob through ``fill(writer)``; (ref, created, size, fill's result)."""
@@ -329,21 +330,26 @@ class RecordingWriter:
                 f"{manifest_path}: version {manifest.get('version')} recordings are read-only; "
                 f"record into a new directory"
             )
-        self.created = str(manifest.get("created", self.created))
-        self.upstreams = dict(manifest.get("upstreams") or {})
-        self.sampling = manifest.get("sampling")
-        for item in manifest.get("runs", []):
-            entry = RunEntry(
-                run=item["run"],
-                file=item["file"],
-                started=item.get("started", self.created),
-                calls=item.get("calls", 0),
-                denials=item.get("denials", 0),
-                errors=item.get("errors", 0),
-                truncated=item.get("truncated"),
-                kept=item.get("kept"),
-            )
-            self.runs[entry.run] = entry
+        where = str(manifest_path)
+        try:
+            self.created = str(manifest.get("created", self.created))
+            self.upstreams = {str(k): str(v) for k, v in (manifest.get("upstreams") or {}).items()}
+            self.sampling = manifest.get("sampling")
+            for i, item in enumerate(manifest.get("runs", [])):
+                where = f"{manifest_path}: runs[{i}]"
+                entry = RunEntry(
+                    run=str(item["run"]),
+                    file=str(_safe_member(self.root, item["file"], where).relative_to(self.root)),
+                    started=str(item.get("started", self.created)),
+                    calls=int(item.get("calls", 0)),
+                    denials=int(item.get("denials", 0)),
+                    errors=int(item.get("errors", 0)),
+                    truncated=item.get("truncated"),
+                    kept=item.get("kept"),
+                )
+                self.runs[entry.run] = entry
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RecordingError(f"{where}: not a valid manifest entry ({exc!r})") from None
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -811,14 +817,14 @@ class _Fields:
             raise self._fail(name, expected)
         return value
 
-    def int(self, name: str, optional: bool = False) -> Any:
+    def integer(self, name: str, optional: bool = False) -> Any:
         return self.get(name, int, "an integer", optional)
 
-    def num(self, name: str, optional: bool = False) -> Any:
+    def number(self, name: str, optional: bool = False) -> Any:
         value = self.get(name, (int, float), "a number", optional)
         return float(value) if value is not None else None
 
-    def str(self, name: str, optional: bool = False) -> Any:
+    def string(self, name: str, optional: bool = False) -> Any:
         return self.get(name, str, "a string", optional)
 
     def sub(self, name: str, optional: bool = False) -> _Fields | None:
@@ -884,20 +890,20 @@ def _body_ref(f: _Fields, name: str, blobs: BlobStore) -> BodyRef | None:
 
 def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore) -> Entry:
     f = _Fields(record, where)
-    kind = f.str("kind")
+    kind = f.string("kind")
     if kind not in ("exchange", "denial"):
         raise f._fail("kind", "'exchange' or 'denial'")
     req = f.sub("request")
     assert req is not None
     dec = f.sub("decision")
     assert dec is not None
-    form = req.str("form", optional=True)
+    form = req.string("form", optional=True)
     if form not in (None, "json", "text", "digest"):
         raise req._fail("form", "'json', 'text', 'digest' or null")
     response: RecordedResponse | None = None
     resp = f.sub("response", optional=True)
     if resp is not None:
-        status = resp.int("status")
+        status = resp.integer("status")
         if not 100 <= status <= 599:
             raise resp._fail("status", "an HTTP status (100-599)")
         chunks_raw = resp.data.get("chunks") or []
@@ -906,7 +912,7 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
             raise resp._fail("chunks", "a list")
         for c in chunks_raw:
             cf = _Fields(c, where, "response.chunks[].")
-            chunks.append((cf.num("t"), cf.int("size")))
+            chunks.append((cf.number("t"), cf.integer("size")))
         body = _body_ref(resp, "body", blobs)
         if body is not None and chunks and any(n < 0 for _, n in chunks):
             chunks = []
@@ -917,7 +923,7 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
             )
         response = RecordedResponse(
             status=status,
-            reason=resp.str("reason", optional=True) or "",
+            reason=resp.string("reason", optional=True) or "",
             headers=resp.headers("headers"),
             body=body,
             chunks=tuple(chunks),
@@ -927,36 +933,36 @@ def parse_entry(record: Any, where: str, file: str, line: int, blobs: BlobStore)
     err = f.sub("error", optional=True)
     if err is not None:
         error = ErrorInfo(
-            err.str("reason"), err.int("status"), err.str("detail", optional=True) or ""
+            err.string("reason"), err.integer("status"), err.string("detail", optional=True) or ""
         )
     caps = f.strings("caps", optional=True)
     return Entry(
         file=file,
         line=line,
-        seq=f.int("seq"),
-        t=f.num("t"),
+        seq=f.integer("seq"),
+        t=f.number("t"),
         kind=kind,
-        request_id=f.str("request_id", optional=True) or "",
-        agent=f.str("agent", optional=True),
-        run=f.str("run"),
+        request_id=f.string("request_id", optional=True) or "",
+        agent=f.string("agent", optional=True),
+        run=f.string("run"),
         roles=f.strings("roles", optional=True) or (),
         caps=caps,
-        upstream=f.str("upstream", optional=True),
-        method=f.str("method").upper(),
-        target=f.str("target"),
+        upstream=f.string("upstream", optional=True),
+        method=f.string("method").upper(),
+        target=f.string("target"),
         request_headers=req.headers("headers"),
         form=form,
-        canonical=req.str("body", optional=True),
+        canonical=req.string("body", optional=True),
         raw=_body_ref(req, "raw", blobs),
         decision=Decision(
             allowed=dec.get("allowed", bool, "true or false"),
-            reason=dec.str("reason"),
-            rule=dec.str("rule", optional=True),
-            status=dec.int("status", optional=True),
+            reason=dec.string("reason"),
+            rule=dec.string("rule", optional=True),
+            status=dec.integer("status", optional=True),
         ),
         response=response,
         error=error,
-        duration=f.num("duration", optional=True),
+        duration=f.number("duration", optional=True),
     )
 
 

@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gateway import pipeline
@@ -58,6 +59,14 @@ def denials_wired() -> bool:
 _installed = 0  # nested install() calls share one installation
 
 
+def _swap(module: ModuleType, name: str, value: Any) -> Any:
+    """Set a module global; return what it was."""
+    namespace = vars(module)
+    old = namespace[name]
+    namespace[name] = value
+    return old
+
+
 def install() -> Callable[[], None]:
     """Emulate the hooks not yet wired; returns a function that undoes it. Re-entrant."""
     global _installed
@@ -66,8 +75,7 @@ def install() -> Callable[[], None]:
         return _release
     undo: list[Callable[[], None]] = []
     if not request_claims_wired():
-        real_dispatch = pipeline.dispatch
-        real_request = dispatch_stage.UpstreamRequest
+        real_dispatch = vars(pipeline)["dispatch"]
 
         async def dispatch_with_claims(call: Any, gw: Any) -> None:
             token = _CLAIMS.set(call.claims)
@@ -76,18 +84,14 @@ def install() -> Callable[[], None]:
             finally:
                 _CLAIMS.reset(token)
 
-        pipeline.dispatch = dispatch_with_claims  # type: ignore[assignment]
-        dispatch_stage.UpstreamRequest = _RequestWithClaims  # type: ignore[misc]
-
-        def restore_dispatch() -> None:
-            pipeline.dispatch = real_dispatch
-            dispatch_stage.UpstreamRequest = real_request  # type: ignore[misc]
-
-        undo.append(restore_dispatch)
+        _swap(pipeline, "dispatch", dispatch_with_claims)
+        real_request = _swap(dispatch_stage, "UpstreamRequest", _RequestWithClaims)
+        undo.append(lambda: _swap(pipeline, "dispatch", real_dispatch))
+        undo.append(lambda: _swap(dispatch_stage, "UpstreamRequest", real_request))
     if not denials_wired():
         from gateway.recording.denial import denial_of
 
-        real_decide = pipeline.decide
+        real_decide = vars(pipeline)["decide"]
 
         async def decide_and_observe(call: Any, gw: Any) -> None:
             await real_decide(call, gw)
@@ -96,13 +100,8 @@ def install() -> Callable[[], None]:
                 if observe is not None:
                     observe(denial_of(call))
 
-        pipeline.decide = decide_and_observe  # type: ignore[assignment]
-
-        def restore_decide() -> None:
-            pipeline.decide = real_decide
-
-        undo.append(restore_decide)
-
+        _swap(pipeline, "decide", decide_and_observe)
+        undo.append(lambda: _swap(pipeline, "decide", real_decide))
     _undo[:] = undo
     return _release
 

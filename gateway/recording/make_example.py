@@ -135,6 +135,8 @@ def make_example(out: Path = DEFAULT_OUT) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".example-", dir=out.parent))
     try:
         asyncio.run(record_example(staging / "recording"))
+        for path in (staging / "recording").rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)  # checked in: nothing private here
         if out.exists():
             shutil.rmtree(out)
         shutil.move(str(staging / "recording"), str(out))

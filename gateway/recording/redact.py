@@ -129,11 +129,12 @@ OVERLAP = 64 * 1024  # longer than any pattern below can match (PEM bodies are c
 
 BEARER_MIN_ENTROPY = 3.0  # bits per character; random tokens are ~4.5-6, words ~2.5-3.5
 
-# Token shapes, most specific first. Each is one alternative of a combined regex; groups named
-# ``inner`` (through their kind-specific name) mark the part to replace when the match also
-# holds a prefix that stays (``Bearer ``, ``password=``).
+# Token shapes, most specific first (on a tie at one position, the earlier kind wins). Each
+# starts with a literal where it can, so the regex engine skips ahead fast; an ``*_inner``
+# group marks the part replaced when the match holds a prefix that stays (``Bearer ``).
+# Every quantifier is bounded, so a match never outgrows OVERLAP when streaming.
 SCANNERS: tuple[tuple[str, bytes], ...] = (
-    ("jwt", rb"eyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
+    ("jwt", rb"eyJ[A-Za-z0-9_-]{2,8192}\.eyJ[A-Za-z0-9_-]{2,16384}\.[A-Za-z0-9_-]{0,8192}"),
     (
         "pem",
         rb"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"

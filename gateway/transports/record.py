@@ -254,11 +254,14 @@ class TeeResponse:
             if not self._finished:
                 self._finished = True
                 ex = self._exchange
+                body = self._sink.finish()
+                if not self._complete and not self._chunks:
+                    body = None  # never read (refused by its declared size, agent gone)
                 ex.response = ResponseData(
                     status=self.status,
                     reason=self.reason,
                     headers=list(self.headers.items()),
-                    body=self._sink.finish(),
+                    body=body,
                     chunks=self._chunks,
                     complete=self._complete,
                 )
@@ -502,8 +505,14 @@ class RecordTransport:
 
     def _write_failed(self, ex: Exchange, exc: Exception) -> None:
         """A recording that cannot be written never changes the call: log it, go on."""
-        log.error("recording of %s %s (run %r, seq %d) failed: %s", ex.method, ex.target,
-                  ex.run, ex.seq, exc)
+        log.error(
+            "recording of %s %s (run %r, seq %d) failed: %s",
+            ex.method,
+            ex.target,
+            ex.run,
+            ex.seq,
+            exc,
+        )
         for body in (ex.request_body, ex.response.body if ex.response else None):
             if isinstance(body, Spilled):
                 with contextlib.suppress(OSError):

@@ -47,7 +47,7 @@ from gateway.errors import (
     ReplayMiss,
     UpstreamError,
 )
-from gateway.recording.format import Entry, ErrorInfo, Recording, load_recording
+from gateway.recording.format import Entry, ErrorInfo, Recording, RecordingError, load_recording
 from gateway.recording.matching import Matcher, Probe, ReplayMissed, ReplayReport, make_probe
 from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor
 from gateway.transports.base import Body, Transport, UpstreamRequest, UpstreamResponse
@@ -142,7 +142,9 @@ class ReplayResponse:
         self.headers: CIMultiDict[str] = CIMultiDict(
             (name, self._header(value)) for name, value in resp.headers
         )
-        if "Content-Length" in self.headers:
+        if "Content-Length" in self.headers and resp.complete:
+            # A body cut short keeps its declared length: the gateway refused or lost it for
+            # that reason, and replay must meet the same condition.
             self.headers["Content-Length"] = str(self._length())
 
     def _header(self, value: HeaderValue) -> str:
@@ -318,7 +320,6 @@ class ReplayOrRecordTransport:
             redactor=redactor,
         )
         self.replay.mode = self.mode
-        self.recorded: list[str] = []
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         body = await read_body(request.body)
@@ -389,16 +390,19 @@ class ShadowResponse:
         finally:
             if not self._compared:
                 self._compared = True
-                self._shadow.compare(
-                    self._request,
-                    self._probe,
-                    self._entry,
-                    self.status,
-                    self.headers,
-                    bytes(self._body),
-                    self._size,
-                    self._complete,
-                )
+                try:
+                    self._shadow.compare(
+                        self._request,
+                        self._probe,
+                        self._entry,
+                        self.status,
+                        self.headers,
+                        bytes(self._body),
+                        self._size,
+                        self._complete,
+                    )
+                except (OSError, RecordingError) as exc:  # a comparison never fails a call
+                    log.error("shadow: comparing %s failed: %s", self._probe.describe(), exc)
 
 
 class ShadowTransport:

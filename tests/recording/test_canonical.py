@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from gateway.policy.model import PathPattern, Rule
 from gateway.recording.canonical import (
+    CallKey,
     call_key,
     canonical_body,
     normalise_sql,
@@ -29,7 +31,7 @@ class SqlCheck:
         return None
 
 
-def rule(volatile: tuple[str, ...] = (), checks: tuple[object, ...] = ()) -> Rule:
+def rule(volatile: tuple[str, ...] = (), checks: tuple[Any, ...] = ()) -> Rule:
     return Rule(
         id="r",
         role="x",
@@ -38,10 +40,10 @@ def rule(volatile: tuple[str, ...] = (), checks: tuple[object, ...] = ()) -> Rul
         path=PathPattern("/query", ("query",)),
         volatile=volatile,
         checks=checks,
-    )  # type: ignore[arg-type]
+    )
 
 
-def key(body: bytes | None, target: str = "/query", r: Rule | None = None):  # type: ignore[no-untyped-def]
+def key(body: bytes | None, target: str = "/query", r: Rule | None = None) -> CallKey:
     form, canonical = canonical_body(body, r)
     return call_key("db", "post", target, form, canonical, r.volatile if r else ())
 

@@ -232,3 +232,11 @@ def test_a_bad_manifest_gives_one_readable_error(
 def test_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(RecordingError, match="no such recording directory"):
         load_recording(tmp_path / "nope")
+
+
+def test_a_writer_refuses_a_broken_manifest(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"format": FORMAT, "version": 1, "runs": [{"file": "runs/a.jsonl"}]})
+    )
+    with pytest.raises(RecordingError, match=r"runs\[0\]: not a valid manifest entry"):
+        RecordingWriter(tmp_path)

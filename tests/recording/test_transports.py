@@ -293,3 +293,49 @@ def test_build_transport_errors(tmp_path: Path) -> None:
     assert isinstance(
         build_transport("record", tmp_path / "new", live, ci=False, sample=0.5), RecordTransport
     )
+
+
+async def test_a_response_refused_for_its_size_is_refused_again(
+    recorded: Recorded, token: Any, replay_gateway: ReplayFactory
+) -> None:
+    tok = token("tester")
+    resp = await recorded.client.get("/logs/logs/big?size=70000", headers=bearer(tok))
+    assert resp.status == 502
+    [rec] = records(await recorded.finish())
+    assert rec["response"]["body"] is None and rec["response"]["complete"] is False
+    client, _ = await replay_gateway(recorded.directory)
+    resp = await client.get("/logs/logs/big?size=70000", headers=bearer(tok))
+    assert resp.status == 502
+    assert (await resp.json(content_type=PROBLEM))["reason"] == "payload_too_large"
+
+
+async def test_refusals_before_the_policy_are_recorded_and_reproduced(
+    recorded: Recorded, token: Any, replay_gateway: ReplayFactory
+) -> None:
+    from yarl import URL
+
+    async def refusals(client: Any) -> list[int]:
+        ambiguous = URL("/echo/echo/a%3Bb", encoded=True)
+        return [
+            (await client.get("/metrics/metrics/cpu?window=5m")).status,
+            (await client.get(ambiguous, headers=bearer(token("tester")))).status,
+        ]
+
+    assert await refusals(recorded.client) == [401, 400]
+    directory = await recorded.finish()
+    missing, ambiguous = load_recording(directory).runs["default"].entries
+    assert (missing.kind, missing.agent, missing.decision.reason) == (
+        "denial",
+        None,
+        "token_missing",
+    )
+    assert (ambiguous.upstream, ambiguous.target, ambiguous.decision.reason) == (
+        None,
+        "/echo/echo/a%3Bb",
+        "target_ambiguous",
+    )
+    assert ambiguous.agent is None  # refused before the token was even read
+    client, gw = await replay_gateway(directory)
+    assert await refusals(client) == [401, 400]
+    report = gw.transport.report().as_dict()  # type: ignore[attr-defined]
+    assert report["unexpected_denials"] == [] and report["unused"] == []

@@ -1,0 +1,776 @@
+"""gateway/checks/sql.py: table-driven fixtures per dialect, each sqlglot pitfall, the body
+check, and the policy file keys (with FILE:LINE:COL errors)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlglot.tokens
+
+import gateway.checks.sql as sql_module
+from gateway.checks.mcp import McpMessage
+from gateway.checks.sql import (
+    DEFAULT_FUNCTIONS,
+    MAX_NESTING,
+    MAX_SUBSCRIPTS,
+    MAX_TOKENS,
+    SQLGLOT_COMPILED,
+    Denial,
+    SqlBodyCheck,
+    SqlPolicy,
+    SqlVerdict,
+    cache_info,
+    clear_parse_cache,
+    parse_column_name,
+    parse_table_name,
+)
+from gateway.errors import BodyInvalid, Reason, SqlDenied, ToolDenied
+from gateway.policy.load import load_policy
+from gateway.policy.source import PolicyError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sql"
+DIALECTS = ("postgres", "sqlite", "mysql")
+NEWLINE = "⏎"  # fixtures are one statement per line; this marks a newline inside one
+DENIED_LINE = re.compile(r"^(?P<sql>.*)\s--\s(?P<kind>[a-z]+)\s*$")
+
+SCHEMA = {
+    "customers": ["id", "name", "email", "ssn", "country"],
+    "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
+}
+
+POLICY_TEMPLATE = """\
+version: 1
+upstreams:
+  db:
+    url: "http://127.0.0.1:9104"
+  tools:
+    url: "http://127.0.0.1:9105/mcp"
+    kind: mcp
+roles:
+  analyst:
+    rules:
+      - id: query-orders
+        upstream: db
+        allow: POST /query
+        sql:
+{sql}
+"""
+SQL_FIRST_LINE = POLICY_TEMPLATE.splitlines().index("{sql}") + 1  # 1-based line of the block
+
+ANALYST_SQL = """\
+dialect: {dialect}
+field: sql
+statements: [select]
+tables: [orders, customers]
+schema:
+  customers: [id, name, email, ssn, country]
+  orders: [id, customer_id, total_cents, status, created_at]
+deny_columns: [customers.ssn]
+max_limit: 1000
+"""
+
+
+def indent(block: str, spaces: int = 10) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in block.splitlines())
+
+
+def load_sql_check(sql_block: str, path: Path | str = "policy.yaml") -> SqlBodyCheck:
+    policy = load_policy(path, text=POLICY_TEMPLATE.format(sql=indent(sql_block)))
+    (check,) = policy.rules_by_id["query-orders"].checks
+    assert isinstance(check, SqlBodyCheck)
+    return check
+
+
+def analyst(dialect: str) -> SqlPolicy:
+    """The product's analyst role, compiled from policy YAML as in production."""
+    return load_sql_check(ANALYST_SQL.format(dialect=dialect)).policy
+
+
+def make(dialect: str = "postgres", **kwargs: Any) -> SqlPolicy:
+    kwargs.setdefault("tables", ["orders", "customers"])
+    return SqlPolicy.create(dialect, rule_id="r", **kwargs)
+
+
+def denial(policy: SqlPolicy, text: str) -> SqlDenied:
+    with pytest.raises(SqlDenied) as info:
+        policy.check(text)
+    return info.value
+
+
+def kind_of(policy: SqlPolicy, text: str) -> str:
+    return str(denial(policy, text).errors[0]["kind"])
+
+
+def read_fixture(dialect: str, name: str) -> list[tuple[int, str]]:
+    lines = (FIXTURES / dialect / name).read_text("utf-8").splitlines()
+    return [
+        (number, line)
+        for number, line in enumerate(lines, start=1)
+        if line.strip() and not line.startswith("##")
+    ]
+
+
+def allowed_cases() -> list[Any]:
+    return [
+        pytest.param(dialect, line.replace(NEWLINE, "\n"), id=f"{dialect}:{number}")
+        for dialect in DIALECTS
+        for number, line in read_fixture(dialect, "allowed.sql")
+    ]
+
+
+def denied_cases() -> list[Any]:
+    cases = []
+    for dialect in DIALECTS:
+        for number, line in read_fixture(dialect, "denied.sql"):
+            m = DENIED_LINE.match(line)
+            assert m, f"{dialect}/denied.sql:{number} does not end with '-- <category>'"
+            sql = m["sql"].replace(NEWLINE, "\n")
+            cases.append(pytest.param(dialect, sql, m["kind"], id=f"{dialect}:{number}"))
+    return cases
+
+
+_POLICIES: dict[str, SqlPolicy] = {}
+
+
+@pytest.fixture
+def policy_for() -> Any:
+    def get(dialect: str) -> SqlPolicy:
+        if dialect not in _POLICIES:
+            _POLICIES[dialect] = analyst(dialect)
+        return _POLICIES[dialect]
+
+    return get
+
+
+# --- the fixtures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dialect", "text"), allowed_cases())
+def test_allowed_fixture(policy_for: Any, dialect: str, text: str) -> None:
+    verdict = policy_for(dialect).check(text)
+    assert isinstance(verdict, SqlVerdict)
+    assert verdict.sql == text  # the original text is forwarded, never a regenerated one
+    assert not verdict.rewritten
+    assert verdict.kinds == ("select",)
+    assert set(verdict.tables) <= {"orders", "customers"}
+
+
+@pytest.mark.parametrize(("dialect", "text", "expected"), denied_cases())
+def test_denied_fixture(policy_for: Any, dialect: str, text: str, expected: str) -> None:
+    err = denial(policy_for(dialect), text)
+    assert err.reason is Reason.SQL_DENIED
+    assert err.status == 403
+    assert err.rule == "query-orders"
+    assert err.detail
+    assert err.errors, "a denial carries structured errors"
+    first = err.errors[0]
+    assert first["kind"] == expected, err.detail
+    assert {"kind", "found", "detail"} <= set(first)
+
+
+def test_fixture_categories_are_known_and_covered() -> None:
+    used: dict[str, set[str]] = {d: set() for d in DIALECTS}
+    for param in denied_cases():
+        dialect, _, kind = param.values
+        assert kind in {d.value for d in Denial}, f"unknown category {kind!r}"
+        used[dialect].add(kind)
+    # Every category but the internal one appears in the PostgreSQL fixtures.
+    assert {d.value for d in Denial} - used["postgres"] == {"unchecked", "variable"}
+    assert "variable" in used["mysql"]
+    for dialect in DIALECTS:
+        assert len(read_fixture(dialect, "allowed.sql")) >= 30
+        assert len(read_fixture(dialect, "denied.sql")) >= 60
+
+
+# --- PITFALLS.md, sqlglot section: one test each ----------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t", ";", ";;", " ; ", "-- note", "/* x */", "# x"])
+def test_pitfall_empty_and_lone_semicolon_are_denied(text: str) -> None:
+    policy = make("mysql" if text.startswith("#") else "postgres")
+    assert kind_of(policy, text) == "empty"
+
+
+def test_pitfall_statements_are_counted() -> None:
+    two = "SELECT id FROM orders; SELECT id FROM customers"
+    assert kind_of(make(), two) == "multiple"
+    assert make(max_statements=2).check(two).tables == ("customers", "orders")
+    assert kind_of(make(max_statements=2), two + "; SELECT 1") == "multiple"
+    # Empty statements between semicolons run nothing and are not counted.
+    assert make().check("SELECT id FROM orders;;").sql == "SELECT id FROM orders;;"
+
+
+@pytest.mark.parametrize("text", ["SELEC * FRM t", "LISTEN x", "DISCARD ALL", "orders", "1 + 1"])
+def test_pitfall_root_must_be_a_statement(text: str) -> None:
+    assert kind_of(make(), text) == "statement"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SET ROLE admin",
+        "DO $$ BEGIN NULL; END $$",
+        "CALL p()",
+        "EXPLAIN ANALYZE DELETE FROM orders",
+        "VACUUM",
+        "LOCK TABLE orders",
+        "CREATE EXTENSION dblink",
+        "COPY orders TO '/tmp/x'",
+        "SHOW ALL",
+        "BEGIN",
+    ],
+)
+def test_pitfall_commands_are_denied(text: str) -> None:
+    assert kind_of(make(statements=[k.value for k in sql_module.SqlKind]), text) == "command"
+
+
+def test_pitfall_parse_errors_deny_with_positions() -> None:
+    err = denial(make(), "SELECT *\nFROM WHERE")
+    first = err.errors[0]
+    assert first["kind"] == "parse"
+    assert first["line"] == 2 and first["col"] >= 1
+    # A partial tree (error_level WARN/IGNORE) is never used: nothing of it is allowed.
+    assert kind_of(make(), "SELECT * FROM orders WHERE") == "parse"
+
+
+def test_pitfall_find_all_tables_vs_scopes() -> None:
+    policy = make()
+    err = denial(policy, "WITH orders AS (SELECT * FROM secrets) SELECT * FROM orders")
+    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("table", "secrets")
+    assert policy.check("WITH secrets AS (SELECT id FROM orders) SELECT * FROM secrets").tables == (
+        "orders",
+    )
+    err = denial(policy, "SELECT * FROM dblink('host=x', 'select 1') AS t(a int)")
+    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("function", "dblink")
+    err = denial(make("sqlite"), "SELECT * FROM pragma_table_info('orders')")
+    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("function", "pragma_table_info")
+
+
+def test_pitfall_functions_are_an_allow_list() -> None:
+    assert kind_of(make(), "SELECT brand_new_function(id) FROM orders") == "function"
+    assert make(functions=["brand_new_function"]).check("SELECT brand_new_function(id) FROM orders")
+    assert {"count", "lower", "coalesce", "now"} <= DEFAULT_FUNCTIONS
+    assert not {"pg_sleep", "dblink", "load_extension", "sleep", "benchmark"} & DEFAULT_FUNCTIONS
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("marker", ["/*!", "/*M!", "/*m!", "/*!50000"])
+def test_pitfall_executable_comments_are_denied_in_every_dialect(dialect: str, marker: str) -> None:
+    err = denial(make(dialect), f"SELECT id FROM orders {marker} ; DROP TABLE orders */")
+    assert err.errors[0]["kind"] == "comment"
+    assert err.errors[0]["line"] == 1 and err.errors[0]["col"] == 23
+
+
+def test_pitfall_original_text_is_forwarded() -> None:
+    text = "select  ID  from ORDERS /* keep me */ where STATUS = 'x' -- and me"
+    assert make().check(text).sql == text
+
+
+def test_pitfall_add_limit_appends_and_rechecks() -> None:
+    policy = make(max_limit=100, add_limit=True)
+    cases = {
+        "SELECT id FROM orders": "SELECT id FROM orders LIMIT 100",
+        "SELECT id FROM orders;": "SELECT id FROM orders LIMIT 100",
+        "SELECT id FROM orders; -- note": "SELECT id FROM orders LIMIT 100",
+        "SELECT id FROM orders -- note": "SELECT id FROM orders LIMIT 100",
+        "SELECT id FROM orders WHERE status = 'a;b'": (
+            "SELECT id FROM orders WHERE status = 'a;b' LIMIT 100"
+        ),
+        "SELECT id FROM orders UNION SELECT id FROM customers": (
+            "SELECT id FROM orders UNION SELECT id FROM customers LIMIT 100"
+        ),
+        "(SELECT id FROM orders)": "(SELECT id FROM orders) LIMIT 100",
+    }
+    for text, expected in cases.items():
+        verdict = policy.check(text)
+        assert (verdict.sql, verdict.rewritten) == (expected, True), text
+        again = policy.check(expected)  # the rewritten text passes on its own, unchanged
+        assert (again.sql, again.rewritten) == (expected, False)
+    # A LIMIT that is present is never rewritten: too big or not a literal is denied.
+    assert kind_of(policy, "SELECT id FROM orders LIMIT 500") == "limit"
+    assert kind_of(policy, "SELECT id FROM orders LIMIT $1") == "limit"
+    # Several statements are not rewritten.
+    assert kind_of(make(max_limit=5, add_limit=True, max_statements=2), "SELECT 1; SELECT 2") == (
+        "limit"
+    )
+
+
+def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    real_parse = sql_module._parse
+
+    def spy(dialect: str, text: str) -> Any:
+        seen.append(text)
+        return real_parse(dialect, text)
+
+    monkeypatch.setattr(sql_module, "_parse", spy)
+    make(max_limit=7, add_limit=True).check("SELECT id FROM orders")
+    assert seen == ["SELECT id FROM orders", "SELECT id FROM orders LIMIT 7"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("SELECT " + "(" * 4000 + "1" + ")" * 4000, "depth"),
+        ("SELECT " + "(" * (MAX_NESTING + 1) + "1" + ")" * (MAX_NESTING + 1), "depth"),
+        ("SELECT " + "ARRAY[" * 40 + "1" + "]" * 40, "depth"),
+        ("SELECT " + "NOT " * 4000 + "true", "depth"),
+        ("SELECT " + "CASE WHEN true THEN " * 1000 + "1" + " END" * 1000, "depth"),
+        ("SELECT " + "- " * 5000 + "1", "depth"),
+        ("SELECT " + " + ".join(["1"] * 4000) + " FROM orders", "depth"),
+        ("SELECT " + "(" * 6000 + "1" + ")" * 6000, "size"),
+        ("SELECT a" + "[1]" * (MAX_SUBSCRIPTS + 1) + " FROM orders", "size"),
+        ("SELECT " + ", ".join(["id"] * (MAX_TOKENS // 2 + 1)) + " FROM orders", "size"),
+        ("SELECT '" + "x" * 100_001 + "'", "size"),
+    ],
+    ids=[
+        "parens-4000",
+        "parens-33",
+        "brackets",
+        "not",
+        "case",
+        "minus",
+        "plus",
+        "parens-6000",
+        "subscripts",
+        "tokens",
+        "length",
+    ],
+)
+def test_pitfall_deep_nesting_is_denied_quickly(text: str, expected: str) -> None:
+    policy = make()
+    started = time.perf_counter()
+    assert kind_of(policy, text) == expected
+    assert time.perf_counter() - started < 5  # generous: ~0.1 s on a laptop
+
+
+def test_pitfall_parse_and_verdict_are_cached() -> None:
+    clear_parse_cache()
+    text = "SELECT o.id FROM orders o WHERE o.status = 'cached-test' LIMIT 3"
+    one, two = make(max_limit=10), make(max_limit=10)
+    first = one.check(text)
+    assert one.check(text) is first  # the verdict cache answers the repeat
+    assert one.cache_info() == {"hits": 1, "misses": 1, "size": 1}
+    assert two.check(text) == first  # another policy: its own verdict, the same parse
+    parse = cache_info()["parse"]
+    assert (parse["misses"], parse["hits"]) == (1, 1)
+    # Denials are cached too, and each call gets a fresh exception.
+    a, b = denial(one, "SELECT pg_sleep(1)"), denial(one, "SELECT pg_sleep(1)")
+    assert a is not b and a.errors == b.errors
+    assert one.cache_info()["hits"] == 2
+
+
+def test_cached_check_is_fast() -> None:
+    policy = make(max_limit=10)
+    text = "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.customer_id LIMIT 5"
+    policy.check(text)
+    rounds = 2000
+    started = time.perf_counter()
+    for _ in range(rounds):
+        policy.check(text)
+    per_call = (time.perf_counter() - started) / rounds
+    assert per_call < 200e-6  # typically ~1 µs; the bench reports the figure
+
+
+def test_sqlglotc_flag_is_reported() -> None:
+    assert SQLGLOT_COMPILED is bool(sqlglot.tokens.SQLGLOTC_INSTALLED)
+    info = cache_info()
+    assert info["compiled"] is SQLGLOT_COMPILED and info["sqlglot"].startswith("30.")
+
+
+# --- lexing differences between sqlglot and the database ------------------------------------
+
+
+def test_sqlglot_meta_directive_cannot_switch_normalisation_off() -> None:
+    # Without the marker check, sqlglot sees the CTE and PostgreSQL reads table customers.
+    text = (
+        'WITH "Customers" AS (SELECT 1) SELECT * FROM Customers /* sqlglot.meta case_sensitive */'
+    )
+    assert kind_of(make(tables=["orders"]), text) == "comment"
+    assert kind_of(
+        make(tables=["orders"]), text.replace("/* sqlglot.meta case_sensitive */", "")
+    ) == ("table")
+
+
+@pytest.mark.parametrize("text", ['SELECT U&"\\0073sn" FROM customers', 'SELECT u&"x" FROM orders'])
+def test_postgres_unicode_identifiers_are_denied(text: str) -> None:
+    assert kind_of(make(), text) == "parse"
+
+
+def test_postgres_long_identifiers_are_denied() -> None:
+    assert kind_of(make(), f"SELECT {'a' * 64} FROM orders") == "parse"
+    assert make().check(f"SELECT {'a' * 63} FROM orders")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["SELECT id FROM orders WHERE status = 'a\\' OR 1=1 -- '", 'SELECT "ssn" FROM customers'],
+)
+def test_mysql_sql_mode_dependent_lexing_is_denied(text: str) -> None:
+    assert kind_of(make("mysql"), text) == "parse"
+
+
+def test_nul_and_non_strings_are_denied() -> None:
+    assert kind_of(make(), "SELECT id FROM orders WHERE status = '\x00'") == "parse"
+    with pytest.raises(SqlDenied):
+        make().check(b"SELECT 1")  # type: ignore[arg-type]
+
+
+def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(sql_module._StatementCheck, "_check_tables", broken)
+    err = denial(make(), "SELECT id FROM orders")
+    assert err.errors[0]["kind"] == "unchecked"
+    assert err.detail == "the SQL could not be checked"
+
+    def deep(*args: Any) -> None:
+        raise RecursionError
+
+    monkeypatch.setattr(sql_module._StatementCheck, "_check_tables", deep)
+    assert kind_of(make(), "SELECT id FROM orders") == "depth"
+
+
+# --- tables, schemas, columns ------------------------------------------------------------------
+
+
+def test_schema_qualified_tables_match_only_as_configured() -> None:
+    # Without default_schema, 'orders' and 'public.orders' are different names.
+    assert kind_of(make(), "SELECT id FROM public.orders") == "table"
+    only_qualified = make(tables=["public.orders"])
+    assert only_qualified.check("SELECT id FROM public.orders").tables == ("public.orders",)
+    assert kind_of(only_qualified, "SELECT id FROM orders") == "table"
+    # With default_schema, the unqualified and the qualified name are one table.
+    both = make(default_schema="public")
+    assert both.check("SELECT id FROM orders").tables == ("public.orders",)
+    assert both.check("SELECT id FROM PUBLIC.orders").tables == ("public.orders",)
+    assert kind_of(both, "SELECT id FROM other.orders") == "table"
+    assert kind_of(both, "SELECT id FROM db.public.orders") == "table"
+
+
+def test_identifier_normalisation_follows_the_dialect() -> None:
+    assert parse_table_name('public."Orders"', "postgres") == ("", "public", "Orders")
+    assert parse_table_name("PUBLIC.Orders", "postgres") == ("", "public", "orders")
+    assert parse_table_name('"Orders"', "sqlite") == ("", "", "orders")
+    assert parse_table_name("Orders", "mysql") == ("", "", "Orders")  # case-sensitive
+    assert parse_column_name("Customers.SSN", "postgres") == (("", "", "customers"), "ssn")
+    quoted = make(tables=['"Orders"'])
+    assert quoted.check('SELECT id FROM "Orders"')
+    assert kind_of(quoted, "SELECT id FROM Orders") == "table"
+    for bad in ["orders x", "orders;", "a.b.c.d", "dblink(1)", "", "1abc"]:
+        with pytest.raises(ValueError):
+            parse_table_name(bad, "postgres")
+
+
+def test_deny_columns_without_a_schema_fail_closed() -> None:
+    policy = make(deny_columns=["customers.ssn"])
+    assert policy.check("SELECT name FROM customers")
+    assert policy.check("SELECT ssn FROM orders")  # orders has no denied ssn, whatever it has
+    for text in [
+        "SELECT * FROM customers",
+        "SELECT ssn FROM customers",
+        "SELECT ssn FROM orders o JOIN customers c ON c.id = o.customer_id",
+        "SELECT (SELECT ssn FROM orders LIMIT 1) FROM customers",
+        "SELECT c FROM customers c",
+        "SELECT z.ssn FROM customers c",
+    ]:
+        assert kind_of(policy, text) == "column", text
+
+
+def test_schema_resolves_unqualified_columns() -> None:
+    policy = make(deny_columns=["customers.ssn"], schema=SCHEMA)
+    # With the schema, ssn in the inner query can only be the outer customers.ssn.
+    assert kind_of(policy, "SELECT (SELECT ssn FROM orders LIMIT 1) FROM customers") == "column"
+    # A column that shares its name with the alias is the column, not the whole row.
+    assert policy.check("SELECT name FROM customers name")
+    # Columns are reported for the facts, resolved through aliases and single sources.
+    verdict = policy.check("SELECT c.name, email FROM customers c")
+    assert verdict.columns == ("customers.email", "customers.name")
+
+
+def test_writes_respect_denied_columns() -> None:
+    policy = make(
+        statements=["select", "insert", "update", "delete"], deny_columns=["customers.ssn"]
+    )
+    assert policy.check("INSERT INTO customers (id, name) VALUES (1, 'a')").kinds == ("insert",)
+    for text in [
+        "INSERT INTO customers (id, ssn) VALUES (1, 'x')",
+        "INSERT INTO customers VALUES (1, 'a', 'b', 'c', 'd')",
+        "UPDATE customers SET ssn = 'x' WHERE id = 1",
+        "UPDATE customers SET name = 'x' WHERE ssn = '1'",
+        "DELETE FROM customers RETURNING *",
+    ]:
+        assert kind_of(policy, text) == "column", text
+
+
+def test_statement_kinds_are_checked_everywhere() -> None:
+    policy = make(statements=["select", "delete"])
+    assert policy.check("DELETE FROM orders WHERE id = 1").kinds == ("delete",)
+    cte = "WITH x AS (DELETE FROM orders RETURNING id) SELECT id FROM x"
+    assert policy.check(cte).kinds == ("delete", "select")
+    assert kind_of(policy, "UPDATE orders SET status = 'x'") == "statement"
+    assert kind_of(policy, "WITH x AS (UPDATE orders SET status = 'x' RETURNING id) SELECT 1") == (
+        "statement"
+    )
+    assert kind_of(policy, "DELETE FROM secrets") == "table"
+    assert kind_of(make(statements=["delete"]), "SELECT id FROM orders") == "statement"
+
+
+def test_opt_in_families() -> None:
+    assert make(allow=["locking"]).check("SELECT id FROM orders FOR UPDATE")
+    assert make(allow=["into"], tables=["orders", "backup"]).check(
+        "SELECT * INTO backup FROM orders"
+    )
+    assert make("mysql", allow=["into"]).check("SELECT id INTO @v FROM orders")
+    assert make("mysql", allow=["variables"]).check("SELECT @@version")
+    catalogs = make(allow=["system_catalogs"])
+    assert catalogs.check("SELECT relname FROM pg_catalog.pg_class").tables == (
+        "pg_catalog.pg_class",
+    )
+    with pytest.raises(ValueError, match="system catalog"):
+        make(tables=["pg_user"])
+
+
+def test_errors_carry_positions_and_every_problem() -> None:
+    err = denial(make(), "SELECT id,\n       pg_sleep(1), version()\nFROM orders")
+    kinds = [(e["kind"], e["found"], e["line"], e["col"]) for e in err.errors]
+    assert kinds == [("function", "pg_sleep", 2, 8), ("function", "version", 2, 21)]
+    assert "(and 1 more problem(s), listed in errors)" in err.detail
+
+
+def test_verdict_reports_kinds_tables() -> None:
+    verdict = analyst("postgres").check(
+        "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.customer_id LIMIT 5"
+    )
+    assert verdict.kinds == ("select",)
+    assert verdict.tables == ("customers", "orders")
+    assert verdict.rewritten is False
+
+
+def test_create_rejects_bad_values() -> None:
+    bad: list[dict[str, Any]] = [
+        {"tables": []},
+        {"statements": []},
+        {"statements": ["destroy"]},
+        {"max_statements": 0},
+        {"deny_columns": ["secrets.ssn"]},
+        {"deny_columns": ["customers.snn"], "schema": SCHEMA},
+        {"add_limit": True},
+        {"max_limit": 0},
+        {"functions": ["pg sleep"]},
+        {"allow": ["dml"]},
+        {"max_length": 0},
+    ]
+    for kwargs in bad:
+        with pytest.raises(ValueError):
+            make(**kwargs)
+    with pytest.raises(ValueError):
+        SqlPolicy.create("oracle", tables=["orders"])
+
+
+# --- the body check -----------------------------------------------------------------------------
+
+
+@dataclass
+class FakeCall:
+    body: bytes | None
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def body_check(**kwargs: Any) -> SqlBodyCheck:
+    policy = kwargs.pop("policy", None) or make(max_limit=100, add_limit=True)
+    kwargs.setdefault("field", ("sql",))
+    return SqlBodyCheck(policy=policy, rule_id="r", **kwargs)
+
+
+def test_body_field_allowed_records_facts() -> None:
+    call = FakeCall(json.dumps({"sql": "SELECT id FROM orders LIMIT 5", "n": 1}).encode())
+    before = call.body
+    body_check().check(call)
+    assert call.body == before
+    assert call.facts["sql"] == {"kinds": ["select"], "tables": ["orders"], "rewritten": False}
+
+
+def test_body_field_rewrite_forwards_exactly_the_checked_sql() -> None:
+    call = FakeCall(json.dumps({"query": {"text": "SELECT id FROM orders", "who": "Zoë"}}).encode())
+    body_check(field=("query", "text")).check(call)
+    sent = json.loads(call.body or b"")
+    assert sent == {"query": {"text": "SELECT id FROM orders LIMIT 100", "who": "Zoë"}}
+    assert call.facts["json"] == sent
+    assert call.facts["sql"]["rewritten"] is True
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"sql": 5}, {"query": "x"}, {}, [1], {"sql": None}],
+)
+def test_body_field_missing_or_not_a_string(body: Any) -> None:
+    with pytest.raises(BodyInvalid) as info:
+        body_check().check(FakeCall(json.dumps(body).encode()))
+    assert info.value.rule == "r"
+
+
+def test_body_field_needs_json() -> None:
+    with pytest.raises(BodyInvalid):
+        body_check().check(FakeCall(b"SELECT 1", headers={"Content-Type": "text/plain"}))
+    with pytest.raises(BodyInvalid):
+        body_check().check(FakeCall(b'{"sql": "a", "sql": "b"}'))
+
+
+def test_body_field_denied() -> None:
+    call = FakeCall(json.dumps({"sql": "DELETE FROM orders"}).encode())
+    with pytest.raises(SqlDenied) as info:
+        body_check().check(call)
+    assert info.value.rule == "r" and info.value.errors[0]["kind"] == "statement"
+    assert "sql" not in call.facts
+
+
+def test_raw_body() -> None:
+    check = body_check(field=None, raw=True)
+    call = FakeCall(b"SELECT id FROM orders", headers={})
+    check.check(call)
+    assert call.body == b"SELECT id FROM orders LIMIT 100"
+    with pytest.raises(BodyInvalid):
+        check.check(FakeCall(b"SELECT '\xff'", headers={}))
+    with pytest.raises(SqlDenied):
+        check.check(FakeCall(b"", headers={}))
+
+
+def mcp_call(*messages: dict[str, Any]) -> FakeCall:
+    batch = len(messages) > 1
+    parsed = [
+        McpMessage(m.get("id"), m["method"], m["params"]["name"], m["params"]["arguments"], True)
+        for m in messages
+    ]
+    body = json.dumps(list(messages) if batch else messages[0]).encode()
+    return FakeCall(body, facts={"mcp": {"messages": parsed, "batch": batch}})
+
+
+def tool_message(i: int, tool: str, sql: Any) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": i,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": {"sql": sql, "explain": False}},
+    }
+
+
+def test_mcp_argument_checked_and_rewritten() -> None:
+    check = body_check(field=None, argument="sql", tool="run_sql")
+    call = mcp_call(
+        tool_message(1, "other", "DROP TABLE x"),
+        tool_message(2, "run_sql", "SELECT id FROM orders"),
+    )
+    check.check(call)
+    sent = json.loads(call.body or b"")
+    assert sent[0]["params"]["arguments"]["sql"] == "DROP TABLE x"  # another rule's tool
+    assert sent[1]["params"]["arguments"]["sql"] == "SELECT id FROM orders LIMIT 100"
+    assert call.facts["mcp"]["messages"][1].arguments["sql"].endswith("LIMIT 100")
+
+
+def test_mcp_argument_denials() -> None:
+    check = body_check(field=None, argument="sql", tool="run_sql")
+    with pytest.raises(SqlDenied):
+        check.check(mcp_call(tool_message(1, "run_sql", "SELECT pg_sleep(5)")))
+    with pytest.raises(ToolDenied):
+        check.check(mcp_call(tool_message(1, "run_sql", 42)))
+    with pytest.raises(SqlDenied):
+        check.check(FakeCall(b"{}"))  # no parsed tools/call: nothing was checked, so denied
+
+
+# --- the policy file ----------------------------------------------------------------------------
+
+
+def test_policy_file_compiles_the_analyst_rule() -> None:
+    check = load_sql_check(ANALYST_SQL.format(dialect="postgres"))
+    assert check.kind == "sql" and check.field == ("sql",) and check.rule_id == "query-orders"
+    policy = check.policy
+    assert policy.dialect == "postgres" and policy.max_limit == 1000
+    assert {str(t) for t in policy.tables} == {"orders", "customers"}
+    assert dict(policy.deny_columns) == {("", "", "customers"): frozenset({"ssn"})}
+
+
+def test_policy_file_example_from_design_loads_without_schema() -> None:
+    check = load_sql_check(
+        "{field: sql, dialect: postgres, statements: [select], tables: [orders, customers],\n"
+        " deny_columns: [customers.ssn], max_limit: 1000}"
+    )
+    assert kind_of(check.policy, "SELECT * FROM customers LIMIT 1") == "column"
+
+
+def test_policy_file_schema_file(tmp_path: Path) -> None:
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    block = ANALYST_SQL.format(dialect="sqlite").replace(
+        "schema:\n  customers: [id, name, email, ssn, country]\n"
+        "  orders: [id, customer_id, total_cents, status, created_at]\n",
+        "schema_file: schema.json\n",
+    )
+    check = load_sql_check(block, tmp_path / "policy.yaml")
+    assert check.policy.schema[("", "", "customers")] == frozenset(SCHEMA["customers"])
+
+
+def test_policy_file_mcp_tool_rule() -> None:
+    text = POLICY_TEMPLATE.format(sql=indent("{dialect: sqlite, argument: sql, tables: [orders]}"))
+    text = text.replace("upstream: db", "upstream: tools\n        tool: run_sql")
+    policy = load_policy("policy.yaml", text=text)
+    (check,) = policy.rules_by_id["query-orders"].checks
+    assert isinstance(check, SqlBodyCheck)
+    assert (check.argument, check.tool, check.field, check.raw) == ("sql", "run_sql", None, False)
+    with pytest.raises(PolicyError, match="names the tool argument"):
+        load_policy("policy.yaml", text=text.replace("argument: sql", "field: sql"))
+
+
+BASE = "dialect: postgres\nfield: sql\ntables: [orders, customers]\n"
+
+# (the sql: block, its line (0-based) where the error is expected, a part of the message)
+BAD_BLOCKS = [
+    ("dialect: oracle\nfield: sql\ntables: [orders]", 0, "expected one of ['postgres'"),
+    ("field: sql\ntables: [orders]", 0, "missing required key 'dialect'"),
+    ("dialect: postgres\nfield: sql", 0, "missing required key 'tables'"),
+    (BASE + "tabels: [x]", 3, "unknown key 'tabels'"),
+    (BASE + "statements: [select, destroy]", 3, "got 'destroy'"),
+    (BASE + "statements: []", 3, "at least one"),
+    (BASE + "max_statements: 0", 3, "must be at least 1"),
+    (BASE + "allow: [dml]", 3, "listing statement kinds"),
+    (BASE + "allow: [everything]", 3, "got 'everything'"),
+    (BASE + "deny_columns: [ssn]", 3, "is not a column name"),
+    (BASE + "deny_columns: [secrets.ssn]", 3, "not in 'tables'"),
+    (BASE + "schema: {customers: [id]}\ndeny_columns: [customers.ssn]", 4, "has no column"),
+    (BASE + "add_limit: true", 3, "add_limit needs max_limit"),
+    (BASE + "max_limit: 0", 3, "must be at least 1"),
+    (BASE + "max_limit: lots", 3, "expected an integer"),
+    (BASE + "functions: ['pg sleep']", 3, "not a function name"),
+    (BASE + "schema_file: missing.yaml", 3, "cannot read"),
+    (BASE + "schema: {orders: [id]}\nschema_file: s.yaml", 4, "not both"),
+    (BASE + "schema: [orders]", 3, "expected a mapping"),
+    (BASE + "default_schema: 'a b'", 3, "not an identifier"),
+    (BASE + "max_length: 1000000", 3, "must be at most"),
+    ("dialect: postgres\nfield: sql\nbody: raw\ntables: [orders]", 0, "exactly one of"),
+    ("dialect: postgres\ntables: [orders]", 0, "exactly one of"),
+    ("dialect: postgres\nargument: sql\ntables: [orders]", 0, "exactly one of"),
+    ("dialect: postgres\nbody: json\ntables: [orders]", 1, "expected one of ['raw']"),
+    ("dialect: postgres\nfield: 'a..b'\ntables: [orders]", 1, "dotted JSON field path"),
+    ("dialect: postgres\nfield: sql\ntables: [pg_user]", 2, "system catalog"),
+    ("dialect: postgres\nfield: sql\ntables: ['orders x']", 2, "is not a table name"),
+    ("dialect: postgres\nfield: sql\ntables: []", 2, "at least one"),
+    ("just a string", 0, "expected a mapping"),
+]
+
+
+@pytest.mark.parametrize(("block", "line", "message"), BAD_BLOCKS)
+def test_policy_file_errors_name_file_line_and_column(block: str, line: int, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_sql_check(block)
+    issues = [str(i) for i in info.value.issues]
+    expected_line = SQL_FIRST_LINE + line
+    matching = [i for i in issues if message in i]
+    assert matching, issues
+    assert any(i.startswith(f"policy.yaml:{expected_line}:") for i in matching), issues

@@ -28,6 +28,8 @@ from gateway.pipeline import InFlight, run
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.policy.source import PolicyError
+from gateway.recording import build_transport
+from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.state import open_store
 from gateway.state.base import StateStore
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
@@ -101,7 +103,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         base_dir=(settings.secrets_dir or settings.policy.resolve().parent).resolve(),
         signing_key=signing,
     )
-    credentials.check_policy(policy)
+    if settings.mode != "replay":
+        credentials.check_policy(policy)
     try:
         state = open_store(settings.state)
     except ValueError as exc:
@@ -109,13 +112,25 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     st = settings.policy.stat()
     from gateway.checks.mcp import McpGate
 
+    transport = build_transport(
+        settings.mode,
+        settings.recordings,
+        LiveTransport(),
+        ci=settings.ci,
+        sample=settings.sample,
+        report_path=settings.replay_report,
+    )
+    if settings.mode == "replay":
+        # Replay never reaches an upstream, so CI needs none of the real secrets: each
+        # credential is a placeholder, recorded answers carry the same placeholder back.
+        credentials = PlaceholderCredentials()  # type: ignore[assignment]
     gw = Gateway(
         settings=settings,
         policy=policy,
         verifier=verifier,
         state=state,
         credentials=credentials,
-        transport=LiveTransport(),
+        transport=transport,
         audit=AuditTrail(settings.audit),
         policy_stamp=(st.st_mtime_ns, st.st_size),
     )

@@ -6,8 +6,11 @@
     capgate token inspect TOKEN [--jwks FILE]
     capgate policy check FILE...
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
+    capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
     capgate audit verify FILE
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
+    capgate recording lint DIR | export-har DIR [--out FILE] | import-har HAR DIR --map URL=UP
+    capgate replay DIR [serve options] -- COMMAND ...
 
 Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
 policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
@@ -72,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--audience", help="required token audience (default capgate)")
     s.add_argument("--issuers", help="accepted token issuers, comma-separated")
     s.add_argument("--shutdown-grace", dest="shutdown_grace", help="e.g. 10s")
+    s.add_argument("--mode", help="live (default), record, replay, replay-or-record, shadow")
+    s.add_argument("--recordings", help="recordings directory for the non-live modes")
+    s.add_argument("--record", metavar="DIR", help="same as --mode record --recordings DIR")
+    s.add_argument("--replay", metavar="DIR", help="same as --mode replay --recordings DIR")
+    s.add_argument("--replay-report", dest="replay_report", help="end-of-run report (JSON)")
+    s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
 
     k = sub.add_parser("keys", help="signing keys")
@@ -112,6 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--body", "-d", help="request body, or @FILE")
     pe.add_argument("method")
     pe.add_argument("url")
+    pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
+    pt.add_argument("--policy", required=True, type=Path)
+    pt.add_argument("recording", type=Path)
+    pt.add_argument("--allow-regressions", action="store_true",
+                    help="exit 0 even if allowed calls become denied")
+
+    rec = sub.add_parser("recording", help="recordings: lint, HAR export and import")
+    rsub = rec.add_subparsers(dest="recording_command", required=True, parser_class=_Parser)
+    rl = rsub.add_parser("lint", help="fail on anything secret-looking left in a recording")
+    rl.add_argument("directory", type=Path)
+    rx = rsub.add_parser("export-har", help="write a recording as HAR 1.2")
+    rx.add_argument("directory", type=Path)
+    rx.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    ri = rsub.add_parser("import-har", help="seed a recording from a HAR file")
+    ri.add_argument("har", type=Path)
+    ri.add_argument("directory", type=Path)
+    ri.add_argument("--map", action="append", default=[], required=True,
+                    help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api")
+
+    rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
+    rp.add_argument("directory", type=Path)
+    rp.add_argument("serve_args", nargs=argparse.REMAINDER,
+                    help="serve options (--policy, --jwks, ...), then -- COMMAND ...")
 
     a = sub.add_parser("audit", help="the audit trail")
     asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
@@ -135,7 +167,13 @@ def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.app import configure_logging, serve
     from gateway.config import load_settings
 
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")}
+    for shorthand in ("record", "replay"):
+        directory = getattr(args, shorthand)
+        if directory is not None:
+            if args.mode not in (None, shorthand) or args.recordings not in (None, directory):
+                raise CliError(f"--{shorthand} DIR conflicts with --mode/--recordings")
+            flags["mode"], flags["recordings"] = shorthand, directory
     settings = load_settings(flags, environ, args.config)
     configure_logging(settings.log_level)
     asyncio.run(serve(settings, environ))
@@ -197,6 +235,10 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy.load import load_policy
     from gateway.policy.source import PolicyError
 
+    if args.policy_command == "test":
+        from gateway.recording.commands import cmd_policy_test
+
+        return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
     if args.policy_command == "check":
         bad = 0
         for path in args.files:
@@ -263,6 +305,30 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_recording(args: argparse.Namespace) -> int:
+    from gateway.recording import commands
+
+    if args.recording_command == "lint":
+        return commands.cmd_recording_lint(args.directory)
+    if args.recording_command == "export-har":
+        return commands.cmd_export_har(args.directory, args.out)
+    try:
+        upstream_map = commands.parse_upstream_map(args.map)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return commands.cmd_import_har(args.har, args.directory, upstream_map)
+
+
+def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from gateway.recording.commands import replay_command
+
+    rest = list(args.serve_args)
+    if "--" not in rest:
+        raise CliError("usage: capgate replay DIR [serve options] -- COMMAND ...")
+    cut = rest.index("--")
+    return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
+
+
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
 
@@ -300,6 +366,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return cmd_audit(args)
         if args.command == "revoke":
             return cmd_revoke(args, env)
+        if args.command == "recording":
+            return cmd_recording(args)
+        if args.command == "replay":
+            return cmd_replay(args, env)
         raise CliError(f"unknown command {args.command!r}")
     except (CliError, ConfigError, GatewayError) as exc:
         message = exc.detail if isinstance(exc, GatewayError) else str(exc)

@@ -22,6 +22,10 @@ upstream_key           (none)               private key for agent-jwt upstream c
 secrets_dir            policy file's dir    where relative ``file:`` secret references live
 audit                  capgate-audit.jsonl  audit file ("-" or "" for none)
 state                  memory               ``memory`` or ``redis://host:port/db``
+mode                   live                 live, record, replay, replay-or-record, shadow
+recordings             (none)               recordings directory (record/replay modes)
+replay_report          (none)               where replay/shadow write their end-of-run report
+sample                 (none: keep all)     record mode: fraction of uneventful runs kept
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
@@ -51,6 +55,11 @@ class Settings:
     secrets_dir: Path | None = None
     audit: Path | None = Path("capgate-audit.jsonl")
     state: str = "memory"
+    mode: str = "live"
+    recordings: Path | None = None
+    replay_report: Path | None = None
+    sample: float | None = None
+    ci: bool = False  # CI=true in the environment: replay-or-record is refused
     shutdown_grace: float = 10.0
     reload_interval: float = 1.0
     log_level: str = "info"
@@ -108,6 +117,16 @@ def _state(value: Any) -> str:
     raise ValueError("expected 'memory' or a redis:// or rediss:// URL")
 
 
+def _fraction(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a fraction between 0 and 1, such as 0.01") from None
+    if isinstance(value, bool) or not 0.0 <= number <= 1.0:
+        raise ValueError("expected a fraction between 0 and 1, such as 0.01")
+    return number
+
+
 def _size(value: Any) -> int:
     return parse_size(value)
 
@@ -134,6 +153,10 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "secrets_dir": _optional_path,
     "audit": _optional_path,
     "state": _state,
+    "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
+    "recordings": _optional_path,
+    "replay_report": _optional_path,
+    "sample": _fraction,
     "shutdown_grace": parse_duration,
     "reload_interval": _positive_duration,
     "log_level": _choice("debug", "info", "warning", "error"),
@@ -197,6 +220,9 @@ def load_settings(
     for key in ("policy", "jwks"):
         if key not in values:
             raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
+    if values.get("mode", "live") != "live" and values.get("recordings") is None:
+        raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
-    return Settings(tokens=TokenSettings(**token_args), **other)
+    ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+    return Settings(tokens=TokenSettings(**token_args), ci=ci, **other)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.call import Call
+from gateway.recording.denial import denial_of
 from gateway.errors import GatewayError, InternalError, TokenRevoked
 from gateway.stages.audit import audit
 from gateway.stages.authenticate import authenticate, check_revoked
@@ -64,7 +65,9 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
     task = asyncio.current_task()
     try:
         await decide(call, gw)
-        if call.error is None:
+        if call.error is not None:
+            gw.transport.observe_denial(denial_of(call))
+        else:
             gw.inflight.add(call, task)
             try:
                 # A revocation that arrived since the token was checked still stops the call.

@@ -242,12 +242,17 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "shutdown_grace": "3s",
         "reload_interval": "2s",
         "log_level": "error",
+        "mode": "record",
+        "recordings": "rec",
+        "replay_report": "report.json",
+        "sample": "0.01",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
     s = load_settings({}, env)
     assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
     assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
+    assert (s.mode, s.recordings, s.sample) == ("record", Path("rec"), 0.01)
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
 
@@ -259,3 +264,14 @@ def test_an_overridden_value_is_never_parsed(tmp_path: Path) -> None:
     assert load_settings(REQUIRED, {}, cfg).policy == Path("p.yaml")
     with pytest.raises(ConfigError, match=r"policy has value 5; expected a non-empty string"):
         load_settings({"jwks": "j.json"}, {}, cfg)
+
+
+def test_recording_settings() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings({**REQUIRED, "mode": "replay"}, {})
+    assert "needs a recordings directory" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_settings({**REQUIRED, "sample": "2"}, {})
+    assert str(err.value) == "--sample has value '2'; expected a fraction between 0 and 1, such as 0.01"
+    assert load_settings(REQUIRED, {"CI": "true"}).ci is True
+    assert load_settings(REQUIRED, {}).ci is False

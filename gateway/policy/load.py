@@ -74,6 +74,7 @@ RULE_KEYS = (
     "rate",
     "quota",
     "volatile",
+    "replay",
     "on_state_error",
 )
 
@@ -354,7 +355,12 @@ def _rule(
             )
     rate = _rate(m["rate"]) if "rate" in m else None
     quota = m["quota"].as_int(minimum=1) if "quota" in m else None
-    volatile = tuple(m["volatile"].as_str_list() or ()) if "volatile" in m else ()
+    volatile = _volatile(m["volatile"]) if "volatile" in m else ()
+    repeat_last = False
+    if "replay" in m:
+        replay = m["replay"].as_map(optional=("repeat_last",))
+        if replay and "repeat_last" in replay:
+            repeat_last = bool(replay["repeat_last"].as_bool())
     on_state_error = m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     context: dict[str, Any] = {
         "rule_id": rule_id,
@@ -384,9 +390,28 @@ def _rule(
         rate=rate,
         quota=quota,
         volatile=volatile,
+        replay_repeat_last=repeat_last,
         on_state_error=on_state_error or "deny",
         line=node.line,
     )
+
+
+def _volatile(node: Node) -> tuple[str, ...]:
+    """Fields that change between runs (timestamps, nonces): /json/pointer, query:name, body."""
+    from gateway.recording.canonical import volatile_problem
+
+    items = node.as_list()
+    out: list[str] = []
+    for item in items or ():
+        text = item.as_str()
+        if text is None:
+            continue
+        problem = volatile_problem(text)
+        if problem is not None:
+            item.fail(f"{item.where}: {problem}")
+            continue
+        out.append(text)
+    return tuple(out)
 
 
 def _allow(node: Node, params: dict[str, Constraint]) -> tuple[str | None, PathPattern | None]:

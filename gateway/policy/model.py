@@ -151,7 +151,8 @@ class Rule:
     approval: bool = False
     rate: Any = None  # limits.Rate
     quota: int | None = None  # calls per run for this rule
-    volatile: tuple[str, ...] = ()
+    volatile: tuple[str, ...] = ()  # fields that do not count when matching recordings
+    replay_repeat_last: bool = False  # replay: answer repeats with the last recording
     on_state_error: str = "deny"  # deny | allow
     line: int = 0  # where the rule starts in the policy file
 

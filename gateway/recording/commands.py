@@ -197,14 +197,12 @@ def replay_command(
     serve_args: list[str],
     environ: Mapping[str, str],
     *,
-    gateway_argv: list[str] | None = None,
     ready_timeout: float = READY_TIMEOUT,
 ) -> int:
     """Run ``command`` against a gateway replaying ``directory``; stop it; print the report.
 
     The gateway is ``python -m gateway serve --mode replay --recordings DIR --replay-report
-    <tmp>/replay-report.json --port 0 <serve_args>`` (``gateway_argv`` replaces the first
-    part, for tests); the command gets ``CAPGATE_URL`` in its environment. Exit status: the
+    <tmp>/replay-report.json --port 0 <serve_args>``; the command gets ``CAPGATE_URL`` in its environment. Exit status: the
     command's own when it failed, else 1 if any call missed, else 0; 2 when the gateway did
     not start or wrote no report.
     """
@@ -218,7 +216,7 @@ def replay_command(
     with tempfile.TemporaryDirectory(prefix="capgate-replay-") as tmp:
         report_path = Path(tmp) / "replay-report.json"
         argv = [
-            *(gateway_argv or [sys.executable, "-m", "gateway", "serve"]),
+            sys.executable, "-m", "gateway", "serve",
             "--mode",
             "replay",
             "--recordings",

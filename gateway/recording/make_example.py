@@ -58,7 +58,6 @@ async def record_example(out: Path) -> None:
     from gateway.app import build_gateway, create_app
     from gateway.config import load_settings
     from gateway.policy.load import load_policy
-    from gateway.recording.interim import install
     from gateway.recording.redact import Redactor
     from gateway.transports.record import RecordTransport
     from mocks.demo import EXAMPLE_POLICY, mock_settings, prepare_workspace
@@ -67,7 +66,6 @@ async def record_example(out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="capgate-example-") as tmp:
         base = prepare_workspace(Path(tmp) / "ws")
         mocks = await start_mocks(mock_settings(base, fixed_ports=False))
-        uninstall = install()
         ids = itertools.count(1)
         real_new_request_id = pipeline.new_request_id
         pipeline.new_request_id = lambda: f"example-{next(ids):04d}"
@@ -124,7 +122,6 @@ async def record_example(out: Path) -> None:
             pipeline.new_request_id = real_new_request_id
             if runner is not None:
                 await runner.cleanup()  # closes the transport: the manifest is final
-            uninstall()
             await mocks.close()
 
 

@@ -55,6 +55,8 @@ async def dispatch(call: Call, gw: Gateway) -> None:
         rule=call.match.rule if call.match is not None else None,
         injection=call.injection,
         request_id=call.request_id,
+        roles=call.claims.roles,
+        caps=call.claims.caps,
     )
     try:
         call.response = await gw.transport.send(request)

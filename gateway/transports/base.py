@@ -16,6 +16,7 @@ from gateway.policy.model import Rule, Upstream
 
 if TYPE_CHECKING:
     from gateway.credentials import Injection
+    from gateway.recording.denial import Denial
 
 Body = bytes | AsyncIterator[bytes] | None
 
@@ -34,6 +35,8 @@ class UpstreamRequest:
     rule: Rule | None = None  # the rule that allowed the call (volatile fields, ids)
     injection: Injection | None = None  # the credential added (redacted by provenance)
     request_id: str = ""
+    roles: tuple[str, ...] = ()  # the token's roles and caps: recordings keep them so that
+    caps: frozenset[str] | None = None  # `policy test` can replay decisions under a new policy
 
 
 class UpstreamResponse(Protocol):
@@ -57,3 +60,6 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Release pooled connections and files."""
+
+    def observe_denial(self, denial: Denial) -> None:
+        """A call the checks refused (never sent): recorders keep it, others ignore it."""

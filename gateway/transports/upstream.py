@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import aiohttp
 from multidict import CIMultiDict
@@ -18,6 +19,9 @@ from yarl import URL
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.transports.base import UpstreamRequest
+
+if TYPE_CHECKING:
+    from gateway.recording.denial import Denial
 
 CHUNK_SIZE = 64 * 1024
 
@@ -105,6 +109,9 @@ class LiveTransport:
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable(f"upstream {up.name!r} failed to answer") from exc
         return LiveResponse(resp)
+
+    def observe_denial(self, denial: Denial) -> None:
+        """Nothing to do: a live transport keeps no record of refused calls."""
 
     async def close(self) -> None:
         if self._session is not None:

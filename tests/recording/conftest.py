@@ -1,4 +1,4 @@
-"""Fixtures for the recording tests: the interim pipeline hooks, a recording gateway, and a
+"""Fixtures for the recording tests: a recording gateway, and a
 replay gateway whose upstreams all point at a dead port."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from aiohttp.test_utils import TestClient
 
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import Settings
-from gateway.recording.interim import install
 from gateway.transports.base import Transport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayTransport
@@ -22,15 +21,6 @@ from mocks.demo import Workspace, rewrite_policy_urls
 from tests.conftest import TEST_POLICY
 
 DEAD = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
-
-
-@pytest.fixture(autouse=True)
-def interim_hooks() -> Iterator[None]:
-    """The pipeline hooks recording needs (roles/caps on requests, observe_denial), emulated
-    until they are wired for real; a no-op for each hook once it is."""
-    undo = install()
-    yield
-    undo()
 
 
 @dataclasses.dataclass

@@ -22,7 +22,6 @@ from tests.recording.helpers import exchange, write
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "recordings" / "example"
-LAUNCHER = [sys.executable, str(Path(__file__).parent / "replay_gateway.py")]
 JWT = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJib3QifQ.c2lnbmF0dXJlMTIz"
 
 
@@ -117,7 +116,7 @@ s, b = call("POST", "/services/services/restart", b'{"service": "web"}')
 assert (s, json.loads(b)) == (200, {"restarted": "web", "by": "sre-bot"}), (s, b)
 assert call("DELETE", "/services/services/web")[0] == 403
 """
-    assert replay_command(EXAMPLE, run_agent(code), serve, env, gateway_argv=LAUNCHER) == 0
+    assert replay_command(EXAMPLE, run_agent(code), serve, env) == 0
     out = capfd.readouterr().out
     assert (
         "replay report: 3 call(s) answered from the recording, 0 miss(es), "
@@ -130,12 +129,12 @@ def test_replay_fails_on_a_miss_or_a_failed_command(
 ) -> None:  # type: ignore[no-untyped-def]
     env, serve = replay_env
     code = 'assert call("GET", "/metrics/metrics/cpu?window=1m")[0] == 421'
-    assert replay_command(EXAMPLE, run_agent(code), serve, env, gateway_argv=LAUNCHER) == 1
+    assert replay_command(EXAMPLE, run_agent(code), serve, env) == 1
     captured = capfd.readouterr()
     assert "miss    no recording in run 'ci-123' (replaying recorded run 'example')" in captured.out
     assert "query.window: '1m' != '5m'" in captured.out
     assert "1 call(s) had no recording" in captured.err
-    assert replay_command(EXAMPLE, run_agent("sys.exit(3)"), serve, env, gateway_argv=LAUNCHER) == 3
+    assert replay_command(EXAMPLE, run_agent("sys.exit(3)"), serve, env) == 3
     assert "the command exited with status 3" in capfd.readouterr().err
 
 
@@ -146,9 +145,9 @@ def test_replay_reports_a_gateway_that_does_not_start(
 ) -> None:
     env, serve = replay_env
     bad = [*serve, "--policy", str(tmp_path / "missing.yaml")]
-    assert replay_command(EXAMPLE, run_agent("pass"), bad, env, gateway_argv=LAUNCHER) == 2
+    assert replay_command(EXAMPLE, run_agent("pass"), bad, env) == 2
     err = capfd.readouterr().err
     assert "capgate replay: error: the gateway did not start" in err
-    assert replay_command(tmp_path / "none", ["true"], serve, env, gateway_argv=LAUNCHER) == 2
+    assert replay_command(tmp_path / "none", ["true"], serve, env) == 2
     assert "no such recording directory" in capfd.readouterr().err
     assert replay_command(EXAMPLE, [], serve, env) == 2

@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -401,6 +402,47 @@ def policy_50_rules(ctx: Context) -> str:
     return "\n".join(out) + "\n"
 
 
+def policy_50_rules_rated(ctx: Context) -> str:
+    """The 50-rule policy with a rate on ``read-cpu`` high enough never to refuse: every call
+    then takes one unit from the limiter (a Redis round trip on the redis backend)."""
+    text = policy_50_rules(ctx)
+    anchor = "      - id: read-cpu\n        upstream: metrics\n        allow: GET /metrics/cpu\n"
+    if anchor not in text:
+        raise AssertionError("read-cpu rule not found in the bench policy")
+    return text.replace(anchor, anchor + "        rate: 100000/second\n")
+
+
+def start_redis(ctx: Context) -> None:
+    """A throwaway redis-server on a free port (beside the load generator's CPU)."""
+    redis = shutil.which("redis-server")
+    if redis is None:
+        raise BenchError("the redis scenarios need redis-server on PATH (apt install redis-server)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = ctx.tmp / "redis"
+    data.mkdir(exist_ok=True)
+    ctx.procs.start(
+        "redis",
+        [redis, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(data)],
+        prefix=ctx.pinning.prefix(ctx.pinning.client_cpu),
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as c:
+            c.sendall(b"PING\r\n")
+            if c.recv(16).startswith(b"+PONG"):
+                ctx.extra["redis_url"] = f"redis://127.0.0.1:{port}/0"
+                return
+        time.sleep(0.05)
+    raise BenchError("redis-server did not answer PING in 10 s")
+
+
+def _redis_args(ctx: Context) -> list[str]:
+    return ["--state", ctx.extra["redis_url"]]
+
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         name="capgate",
@@ -409,8 +451,31 @@ SCENARIOS: list[Scenario] = [
         path="/metrics" + UPSTREAM_PATH,
         roles=("analyst", "sre-diagnostics"),
     ),
-    # Later: "capgate+sql" (a rule with a SQL check, POST body) and "capgate+redis"
-    # (serve_args=lambda ctx: ["--state", ctx.extra["redis_url"]], setup=start_redis).
+    Scenario(
+        name="capgate+redis",
+        description="as 'capgate', with --state redis:// (revocation mirror: no round trip)",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=_redis_args,
+        setup=start_redis,
+    ),
+    Scenario(
+        name="capgate+rate",
+        description="as 'capgate', with a rate limit on the rule (memory state)",
+        policy=policy_50_rules_rated,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+    ),
+    Scenario(
+        name="capgate+rate+redis",
+        description="a rate limit on the rule, counted in Redis (one EVALSHA per call)",
+        policy=policy_50_rules_rated,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=_redis_args,
+        setup=start_redis,
+    ),
 ]
 
 

@@ -424,8 +424,19 @@ def start_redis(ctx: Context) -> None:
     data.mkdir(exist_ok=True)
     ctx.procs.start(
         "redis",
-        [redis, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(data)],
+        [
+            redis,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
         prefix=ctx.pinning.prefix(ctx.pinning.client_cpu),
     )
     deadline = time.monotonic() + 10

@@ -159,7 +159,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     def on_revoke(kind: str, value: str) -> None:
         gw.verifier.forget(lambda c: getattr(c, kind, None) == value)
         cancelled = gw.inflight.cancel(kind, value)
-        log.info("revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled)
+        log.info(
+            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
+        )
 
     gw.state.on_revoke(on_revoke)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
@@ -195,8 +197,12 @@ async def _watch(gw: Gateway) -> None:
                 if now_reachable:
                     log.info("state store %s reachable again", health.get("backend"))
                 else:
-                    log.error("state store %s unreachable: %s; calls that need it are denied "
-                              "(state_unavailable)", health.get("backend"), health.get("detail"))
+                    log.error(
+                        "state store %s unreachable: %s; calls that need it are denied "
+                        "(state_unavailable)",
+                        health.get("backend"),
+                        health.get("detail"),
+                    )
                 reachable = now_reachable
 
 
@@ -253,7 +259,9 @@ async def serve(
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from exc
+        raise ConfigError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
+        ) from exc
     server = site._server  # the bound socket tells the real port when port is 0
     port = server.sockets[0].getsockname()[1] if server and server.sockets else settings.port
     stop = asyncio.Event()
@@ -273,11 +281,12 @@ async def serve(
         on_ready(str(ready["url"]))
     try:
         await stop.wait()
-        log.info("shutting down: no new calls; waiting up to %ss for calls in flight",
-                 settings.shutdown_grace)
+        log.info(
+            "shutting down: no new calls; waiting up to %ss for calls in flight",
+            settings.shutdown_grace,
+        )
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
-

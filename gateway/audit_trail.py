@@ -109,7 +109,9 @@ def verify(path: str | Path) -> tuple[int, ChainBreak | None]:
             except ValueError:
                 return count, ChainBreak(number, "not valid JSON")
             if not isinstance(record, dict) or record.get("prev") != prev:
-                return count, ChainBreak(number, "hash chain broken: 'prev' does not match the line before")
+                return count, ChainBreak(
+                    number, "hash chain broken: 'prev' does not match the line before"
+                )
             prev = hashlib.sha256(line).hexdigest()
             count += 1
     return count, None

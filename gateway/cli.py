@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", help="listen port (default 8787; 0 for any free port)")
     s.add_argument("--state", help="memory (default) or redis://host:port/db")
     s.add_argument("--audit", help="audit file (default capgate-audit.jsonl; '-' for none)")
-    s.add_argument("--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials")
+    s.add_argument(
+        "--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials"
+    )
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
     s.add_argument("--algorithm", help="pinned token algorithm: EdDSA (default) or ES256")
     s.add_argument("--audience", help="required token audience (default capgate)")
@@ -124,8 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
     pt.add_argument("--policy", required=True, type=Path)
     pt.add_argument("recording", type=Path)
-    pt.add_argument("--allow-regressions", action="store_true",
-                    help="exit 0 even if allowed calls become denied")
+    pt.add_argument(
+        "--allow-regressions",
+        action="store_true",
+        help="exit 0 even if allowed calls become denied",
+    )
 
     rec = sub.add_parser("recording", help="recordings: lint, HAR export and import")
     rsub = rec.add_subparsers(dest="recording_command", required=True, parser_class=_Parser)
@@ -137,13 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     ri = rsub.add_parser("import-har", help="seed a recording from a HAR file")
     ri.add_argument("har", type=Path)
     ri.add_argument("directory", type=Path)
-    ri.add_argument("--map", action="append", default=[], required=True,
-                    help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api")
+    ri.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        required=True,
+        help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
+    )
 
     rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
     rp.add_argument("directory", type=Path)
-    rp.add_argument("serve_args", nargs=argparse.REMAINDER,
-                    help="serve options (--policy, --jwks, ...), then -- COMMAND ...")
+    rp.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="serve options (--policy, --jwks, ...), then -- COMMAND ...",
+    )
 
     a = sub.add_parser("audit", help="the audit trail")
     asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
@@ -167,7 +180,9 @@ def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.app import configure_logging, serve
     from gateway.config import load_settings
 
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")}
+    flags = {
+        k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")
+    }
     for shorthand in ("record", "replay"):
         directory = getattr(args, shorthand)
         if directory is not None:
@@ -191,7 +206,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from gateway import tokens
 
-    if args.token_command == "mint":
+    if args.token_command == "mint":  # noqa: S105 (a subcommand name, not a secret)
         key = tokens.load_private_key(args.key)
         try:
             token = tokens.mint_token(
@@ -220,8 +235,11 @@ def cmd_token(args: argparse.Namespace) -> int:
         )
         try:
             claims = tokens.TokenVerifier(keyset, settings).verify(args.token)
-            report["verdict"] = {"valid": True, "agent": claims.agent,
-                                 "expires_in_s": round(claims.expires_at - time.time())}
+            report["verdict"] = {
+                "valid": True,
+                "agent": claims.agent,
+                "expires_in_s": round(claims.expires_at - time.time()),
+            }
         except GatewayError as exc:
             report["verdict"] = {"valid": False, "reason": exc.reason.value, "detail": exc.detail}
             code = EXIT_NEGATIVE
@@ -250,7 +268,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
                     print(issue)
                 continue
             rules = sum(len(r.rules) for r in policy.roles.values())
-            print(f"{path}: ok ({len(policy.upstreams)} upstreams, {len(policy.roles)} roles, {rules} rules)")
+            counts = f"{len(policy.upstreams)} upstreams, {len(policy.roles)} roles, {rules} rules"
+            print(f"{path}: ok ({counts})")
         return EXIT_NEGATIVE if bad else EXIT_OK
 
     from gateway.policy.explain import explain
@@ -334,7 +353,9 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     url = args.state or environ.get("CAPGATE_STATE")
     if not url or not url.startswith(("redis://", "rediss://")):
-        raise CliError("revoke needs a shared store: --state redis://host:port/db (or CAPGATE_STATE)")
+        raise CliError(
+            "revoke needs a shared store: --state redis://host:port/db (or CAPGATE_STATE)"
+        )
     kind, value = next((k, getattr(args, k)) for k in ("jti", "agent", "run") if getattr(args, k))
 
     async def go() -> None:

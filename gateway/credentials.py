@@ -139,7 +139,9 @@ class CredentialStore:
                 name = name.replace("{agent}", agent)
             value = self.environ.get(name)
             if not value:
-                raise CredentialUnavailable(f"no credential is configured for upstream {upstream!r} and this agent")
+                raise CredentialUnavailable(
+                    f"no credential is configured for upstream {upstream!r} and this agent"
+                )
             return Secret(value)
         template = ref[5:]
         path = self._path(template.replace("{agent}", agent))
@@ -147,8 +149,7 @@ class CredentialStore:
             # A verified agent id has no "/" and starts with a letter or digit, so it can be
             # neither a dot segment nor add a component (per-agent files and directories
             # both work); check anyway, the path must keep the template's shape.
-            not AGENT_ID.fullmatch(agent)
-            or len(path.parts) != len(self._path(template).parts)
+            not AGENT_ID.fullmatch(agent) or len(path.parts) != len(self._path(template).parts)
         ):
             raise CredentialUnavailable(f"no credential for upstream {upstream!r} and this agent")
         return self._read_file(path, upstream)
@@ -172,7 +173,9 @@ class CredentialStore:
             ) from exc
         value = raw.decode("utf-8", "replace").strip()
         if not value or len(raw) > MAX_SECRET_BYTES or "\n" in value or "\r" in value:
-            raise CredentialUnavailable(f"the credential file for upstream {upstream!r} is not one line")
+            raise CredentialUnavailable(
+                f"the credential file for upstream {upstream!r} is not one line"
+            )
         secret = Secret(value)
         self._files[path] = (now, secret)
         return secret

@@ -36,10 +36,10 @@ PROBLEM_TYPE_BASE = "https://capgate.dev/problems/"
 class Reason(StrEnum):
     """Stable reason codes. Added, never renamed: agents and dashboards match on them."""
 
-    TOKEN_MISSING = "token_missing"
-    TOKEN_INVALID = "token_invalid"
-    TOKEN_EXPIRED = "token_expired"
-    TOKEN_REVOKED = "token_revoked"
+    TOKEN_MISSING = "token_missing"  # noqa: S105 (a reason code)
+    TOKEN_INVALID = "token_invalid"  # noqa: S105 (a reason code)
+    TOKEN_EXPIRED = "token_expired"  # noqa: S105 (a reason code)
+    TOKEN_REVOKED = "token_revoked"  # noqa: S105 (a reason code)
     TARGET_AMBIGUOUS = "target_ambiguous"
     NO_RULE = "no_rule"
     QUERY_INVALID = "query_invalid"

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.call import Call
-from gateway.recording.denial import denial_of
 from gateway.errors import GatewayError, InternalError, TokenRevoked
+from gateway.recording.denial import denial_of
 from gateway.stages.audit import audit
 from gateway.stages.authenticate import authenticate, check_revoked
 from gateway.stages.dispatch import dispatch

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from gateway.errors import ConfigError, TokenExpired, TokenInvalid
 
-TOKEN_TYPE = "capgate+jwt"
+TOKEN_TYPE = "capgate+jwt"  # noqa: S105 (the JWT typ header value)
 ALGORITHMS = ("EdDSA", "ES256")
 ALLOWED_HEADER_KEYS = frozenset({"alg", "typ", "kid"})
 REQUIRED_CLAIMS = ("iss", "aud", "sub", "iat", "nbf", "exp", "jti", "roles")
@@ -242,7 +242,9 @@ class Keyset:
             if kid in keys:
                 raise ConfigError(f"{source}: duplicate kid {kid!r}")
             if "d" in entry:
-                raise ConfigError(f"{source}: keys[{i}] contains a private key; publish public keys only")
+                raise ConfigError(
+                    f"{source}: keys[{i}] contains a private key; publish public keys only"
+                )
             want = {"EdDSA": ("OKP", "Ed25519"), "ES256": ("EC", "P-256")}[algorithm]
             if (entry.get("kty"), entry.get("crv")) != want:
                 # Keys of another type are skipped, never used with the pinned algorithm.
@@ -317,19 +319,25 @@ def mint_token(
 # --- verification --------------------------------------------------------------------------
 
 
-def _expect_str(claims: dict[str, Any], name: str, *, pattern: re.Pattern[str] | None = None) -> str:
+def _expect_str(
+    claims: dict[str, Any], name: str, *, pattern: re.Pattern[str] | None = None
+) -> str:
     value = claims.get(name)
     if not isinstance(value, str) or not value or len(value) > 256:
         raise TokenInvalid(f"claim {name!r} must be a non-empty string", errors=[{"claim": name}])
     if pattern is not None and not pattern.fullmatch(value):
-        raise TokenInvalid(f"claim {name!r} has characters that are not allowed", errors=[{"claim": name}])
+        raise TokenInvalid(
+            f"claim {name!r} has characters that are not allowed", errors=[{"claim": name}]
+        )
     return value
 
 
 def _expect_time(claims: dict[str, Any], name: str) -> float:
     value = claims.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TokenInvalid(f"claim {name!r} must be a NumericDate (a number)", errors=[{"claim": name}])
+        raise TokenInvalid(
+            f"claim {name!r} must be a NumericDate (a number)", errors=[{"claim": name}]
+        )
     try:
         seconds = float(value)
     except OverflowError:  # an integer too large for a float: checked before the signature
@@ -432,7 +440,9 @@ class TokenVerifier:
             or not audience
             or not all(isinstance(a, str) for a in audience)
         ):
-            raise TokenInvalid("claim 'aud' must be a string or a list of strings", errors=[{"claim": "aud"}])
+            raise TokenInvalid(
+                "claim 'aud' must be a string or a list of strings", errors=[{"claim": "aud"}]
+            )
         iat = _expect_time(payload, "iat")
         nbf = _expect_time(payload, "nbf")
         exp = _expect_time(payload, "exp")
@@ -457,11 +467,17 @@ class TokenVerifier:
         except jwt.ExpiredSignatureError:
             raise TokenExpired("the capability token has expired") from None
         except jwt.ImmatureSignatureError:
-            raise TokenInvalid("the capability token is not valid yet (nbf or iat in the future)") from None
+            raise TokenInvalid(
+                "the capability token is not valid yet (nbf or iat in the future)"
+            ) from None
         except jwt.InvalidAudienceError:
-            raise TokenInvalid("the token's audience is not this gateway", errors=[{"claim": "aud"}]) from None
+            raise TokenInvalid(
+                "the token's audience is not this gateway", errors=[{"claim": "aud"}]
+            ) from None
         except jwt.InvalidIssuerError:
-            raise TokenInvalid("the token's issuer is not trusted", errors=[{"claim": "iss"}]) from None
+            raise TokenInvalid(
+                "the token's issuer is not trusted", errors=[{"claim": "iss"}]
+            ) from None
         except jwt.InvalidSignatureError:
             raise TokenInvalid("the token's signature does not verify") from None
         except jwt.InvalidTokenError as exc:
@@ -469,7 +485,9 @@ class TokenVerifier:
 
         now = self.clock()
         if iat > now + s.leeway:
-            raise TokenInvalid("the token was issued in the future (iat)", errors=[{"claim": "iat"}])
+            raise TokenInvalid(
+                "the token was issued in the future (iat)", errors=[{"claim": "iat"}]
+            )
         if nbf < iat - s.leeway:
             raise TokenInvalid("claim 'nbf' is before 'iat'", errors=[{"claim": "nbf"}])
         if exp <= iat:

@@ -25,7 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_POLICY = ROOT / "policies" / "example.yaml"
 DEMO_AGENTS = ("sre-bot", "analyst-bot", "mcp-bot")
 _MOCK_URL = re.compile(r"http://127\.0\.0\.1:91(0[1-6])")
-_PORT_NAMES = {"01": "metrics", "02": "logs", "03": "services", "04": "db", "05": "echo", "06": "mcp"}
+_PORT_NAMES = {
+    "01": "metrics",
+    "02": "logs",
+    "03": "services",
+    "04": "db",
+    "05": "echo",
+    "06": "mcp",
+}
 
 
 @dataclass(frozen=True)
@@ -45,18 +52,31 @@ class Workspace:
 
     def serve_args(self, port: int = 8787, audit: Path | None = None) -> list[str]:
         return [
-            "--policy", str(self.policy),
-            "--jwks", str(self.jwks),
-            "--upstream-key", str(self.upstream_key),
-            "--secrets-dir", str(self.secrets_dir),
-            "--port", str(port),
-            "--audit", str(audit or self.root / "audit.jsonl"),
+            "--policy",
+            str(self.policy),
+            "--jwks",
+            str(self.jwks),
+            "--upstream-key",
+            str(self.upstream_key),
+            "--secrets-dir",
+            str(self.secrets_dir),
+            "--port",
+            str(port),
+            "--audit",
+            str(audit or self.root / "audit.jsonl"),
         ]
 
-    def token(self, agent: str, roles: list[str], ttl: float = 3600, run: str | None = None,
-              caps: list[str] | None = None) -> str:
-        return mint_token(load_private_key(self.token_key), agent=agent, roles=roles, ttl=ttl,
-                          run=run, caps=caps)
+    def token(
+        self,
+        agent: str,
+        roles: list[str],
+        ttl: float = 3600,
+        run: str | None = None,
+        caps: list[str] | None = None,
+    ) -> str:
+        return mint_token(
+            load_private_key(self.token_key), agent=agent, roles=roles, ttl=ttl, run=run, caps=caps
+        )
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -79,8 +99,9 @@ def rewrite_policy_urls(text: str, urls: Mapping[str, str]) -> str:
     return _MOCK_URL.sub(swap, text)
 
 
-def prepare_workspace(root: Path, urls: Mapping[str, str] | None = None,
-                      policy_text: str | None = None) -> Workspace:
+def prepare_workspace(
+    root: Path, urls: Mapping[str, str] | None = None, policy_text: str | None = None
+) -> Workspace:
     """Keys, secrets and a policy for the mocks; reuses keys already there."""
     root.mkdir(parents=True, exist_ok=True)
     keys, upstream = root / "keys", root / "upstream"
@@ -134,27 +155,31 @@ def mock_settings(ws: Workspace, fixed_ports: bool):  # type: ignore[no-untyped-
 
 async def run_demo(port: int) -> None:
     from gateway.app import configure_logging, serve
-    from gateway.config import load_settings
     from gateway.cli import build_parser
+    from gateway.config import load_settings
     from mocks.launcher import start_mocks
 
     ws = prepare_workspace(ROOT / ".demo")
     environ = {**os.environ, **ws.environ()}
-    args = build_parser().parse_args(["serve", *ws.serve_args(port, ROOT / ".demo" / "audit.jsonl")])
+    args = build_parser().parse_args(
+        ["serve", *ws.serve_args(port, ROOT / ".demo" / "audit.jsonl")]
+    )
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     settings = load_settings(flags, environ)
     configure_logging(settings.log_level)
     mocks = await start_mocks(mock_settings(ws, fixed_ports=True))
     token = ws.token("sre-bot", ["sre-diagnostics"], ttl=3600, run="demo")
 
+    auth = '"Authorization: Bearer $TOKEN"'
+
     def ready(url: str) -> None:
         print(
             "\nDemo token for agent 'sre-bot' (role sre-diagnostics, valid 1 hour):\n"
             f"  export TOKEN={token}\n\n"
             "Allowed (CPU metrics over 5 minutes):\n"
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" '{url}/metrics/metrics/cpu?window=5m'\n\n"
+            f"  curl -s -H {auth} '{url}/metrics/metrics/cpu?window=5m'\n\n"
             "Denied (no rule lets this agent delete anything):\n"
-            f"  curl -s -X DELETE -H \"Authorization: Bearer $TOKEN\" '{url}/services/services/web'\n\n"
+            f"  curl -s -X DELETE -H {auth} '{url}/services/services/web'\n\n"
             f"Audit: {ROOT / '.demo' / 'audit.jsonl'}   Stop: Ctrl-C\n",
             flush=True,
         )

@@ -23,6 +23,7 @@ from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
 ROOT = Path(__file__).resolve().parent.parent
 TEST_POLICY = ROOT / "tests" / "policies" / "gateway.yaml"
 
+
 def _write_secret(path: Path, value: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
@@ -71,10 +72,15 @@ def mocks(base_workspace: Workspace) -> Iterator[Mocks]:
     metrics_file.write_text(ws.metrics_token)
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "mocks.serve",
-            "--metrics-token-file", str(metrics_file),
-            "--services-jwks", str(ws.upstream_jwks),
-            "--db-tokens-file", str(tokens_file),
+            sys.executable,
+            "-m",
+            "mocks.serve",
+            "--metrics-token-file",
+            str(metrics_file),
+            "--services-jwks",
+            str(ws.upstream_jwks),
+            "--db-tokens-file",
+            str(tokens_file),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

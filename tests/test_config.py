@@ -272,6 +272,9 @@ def test_recording_settings() -> None:
     assert "needs a recordings directory" in str(err.value)
     with pytest.raises(ConfigError) as err:
         load_settings({**REQUIRED, "sample": "2"}, {})
-    assert str(err.value) == "--sample has value '2'; expected a fraction between 0 and 1, such as 0.01"
+    assert (
+        str(err.value)
+        == "--sample has value '2'; expected a fraction between 0 and 1, such as 0.01"
+    )
     assert load_settings(REQUIRED, {"CI": "true"}).ci is True
     assert load_settings(REQUIRED, {}).ci is False

@@ -36,8 +36,9 @@ async def problem(resp: Any, status: int, reason: str) -> dict[str, Any]:
 # --- allowed calls ------------------------------------------------------------------------
 
 
-async def test_allowed_call_reaches_upstream_with_its_credential(client, token, mocks: Mocks,
-                                                                 settings, gateway) -> None:
+async def test_allowed_call_reaches_upstream_with_its_credential(
+    client, token, mocks: Mocks, settings, gateway
+) -> None:
     resp = await client.get(
         "/metrics/metrics/cpu?window=5m", headers=bearer(token("sre-bot", ["sre-diagnostics"]))
     )
@@ -111,7 +112,10 @@ async def test_expired_token(client, workspace, mocks: Mocks) -> None:
     from gateway.tokens import load_private_key, mint_token
 
     tok = mint_token(
-        load_private_key(workspace.token_key), agent="tester", roles=["tester"], ttl=60,
+        load_private_key(workspace.token_key),
+        agent="tester",
+        roles=["tester"],
+        ttl=60,
         now=time.time() - 3600,
     )
     resp = await client.get("/echo/echo/x", headers=bearer(tok))
@@ -134,7 +138,9 @@ async def test_token_from_another_key_is_refused(client, tmp_path: Path, mocks: 
 
 
 async def test_no_rule(client, token, mocks: Mocks, settings, gateway) -> None:
-    resp = await client.delete("/services/services/web", headers=bearer(token("sre-bot", ["sre-diagnostics"])))
+    resp = await client.delete(
+        "/services/services/web", headers=bearer(token("sre-bot", ["sre-diagnostics"]))
+    )
     body = await problem(resp, 403, "no_rule")
     assert "DELETE" in body["detail"]
     assert mocks.requests("services") == []
@@ -143,7 +149,9 @@ async def test_no_rule(client, token, mocks: Mocks, settings, gateway) -> None:
 
 
 async def test_role_not_granted(client, token, mocks: Mocks) -> None:
-    resp = await client.get("/metrics/metrics/cpu?window=5m", headers=bearer(token("tester", ["nobody"])))
+    resp = await client.get(
+        "/metrics/metrics/cpu?window=5m", headers=bearer(token("tester", ["nobody"]))
+    )
     await problem(resp, 403, "no_rule")
     assert mocks.requests("metrics") == []
 
@@ -175,7 +183,9 @@ async def test_caps_narrow_the_roles(client, token, mocks: Mocks) -> None:
 
 async def test_body_schema(client, token, mocks: Mocks) -> None:
     tok = token("sre-bot", ["sre-diagnostics"])
-    resp = await client.post("/services/services/restart", json={"service": "db"}, headers=bearer(tok))
+    resp = await client.post(
+        "/services/services/restart", json={"service": "db"}, headers=bearer(tok)
+    )
     body = await problem(resp, 400, "body_invalid")
     assert body["errors"][0]["pointer"] == "/service"
     resp = await client.post(
@@ -186,7 +196,8 @@ async def test_body_schema(client, token, mocks: Mocks) -> None:
     body = await problem(resp, 400, "body_invalid")
     assert "duplicated" in body["detail"]
     resp = await client.post(
-        "/services/services/restart", data=b"service=web",
+        "/services/services/restart",
+        data=b"service=web",
         headers={**bearer(tok), "Content-Type": "application/x-www-form-urlencoded"},
     )
     await problem(resp, 400, "body_invalid")
@@ -212,7 +223,9 @@ async def test_body_schema(client, token, mocks: Mocks) -> None:
         "/Echo/echo/x",
     ],
 )
-async def test_ambiguous_targets_never_reach_the_upstream(client, token, mocks: Mocks, target: str) -> None:
+async def test_ambiguous_targets_never_reach_the_upstream(
+    client, token, mocks: Mocks, target: str
+) -> None:
     data = await raw_request(client, f"GET {target} HTTP/1.1", token())
     assert data.startswith(b"HTTP/1.1 400"), data
     assert b'"reason":"target_ambiguous"' in data
@@ -224,8 +237,10 @@ async def raw_request(client: Any, request_line: str, tok: str) -> bytes:
     host, port = client.server.host, client.server.port
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        (f"{request_line}\r\nHost: {host}\r\nAuthorization: Bearer {tok}\r\n"
-         "Connection: close\r\n\r\n").encode()
+        (
+            f"{request_line}\r\nHost: {host}\r\nAuthorization: Bearer {tok}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
     )
     await writer.drain()
     data = await reader.read()
@@ -243,7 +258,9 @@ async def raw_request(client: Any, request_line: str, tok: str) -> bytes:
         "OPTIONS * HTTP/1.1",
     ],
 )
-async def test_raw_forms_are_refused_not_normalised(client, token, mocks: Mocks, request_line) -> None:
+async def test_raw_forms_are_refused_not_normalised(
+    client, token, mocks: Mocks, request_line
+) -> None:
     data = await raw_request(client, request_line, token())
     assert data.startswith(b"HTTP/1.1 400"), data
     assert b"target_ambiguous" in data
@@ -278,8 +295,14 @@ async def test_header_hygiene(client, token, mocks: Mocks, workspace) -> None:
     assert headers["x-api-key"] == "echo-key-for-tester-0123456789"
     assert "authorization" not in headers  # the agent's token never leaves the gateway
     assert tok not in json.dumps(seen)
-    for name in ("cookie", "proxy-authorization", "x-forwarded-for", "x-forwarded-host",
-                 "forwarded", "x-unlisted"):
+    for name in (
+        "cookie",
+        "proxy-authorization",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "forwarded",
+        "x-unlisted",
+    ):
         assert name not in headers, name
     # X-Trace is allowed by the rule, but the agent named it in Connection: hop-by-hop.
     assert "x-trace" not in headers
@@ -308,11 +331,15 @@ async def test_agent_never_sees_the_credential_even_from_an_echoing_upstream(cli
 async def test_each_agent_gets_its_own_credential(client, token, mocks: Mocks) -> None:
     await client.get("/echo/echo/a", headers=bearer(token("tester")))
     await client.get("/echo/echo/a", headers=bearer(token("other-bot")))
-    keys = [{k.lower(): v for k, v in r["headers"].items()}["x-api-key"] for r in mocks.requests("echo")]
+    keys = [
+        {k.lower(): v for k, v in r["headers"].items()}["x-api-key"] for r in mocks.requests("echo")
+    ]
     assert keys == ["echo-key-for-tester-0123456789", "echo-key-for-other-bot-0123456789"]
 
 
-async def test_agent_without_a_secret_is_denied_without_leaking(client, token, mocks: Mocks) -> None:
+async def test_agent_without_a_secret_is_denied_without_leaking(
+    client, token, mocks: Mocks
+) -> None:
     resp = await client.get("/echo/echo/a", headers=bearer(token("no-secret-agent")))
     body = await problem(resp, 500, "internal_error")
     assert "echo-" not in body["detail"] and "secrets" not in body["detail"]
@@ -347,7 +374,9 @@ async def test_response_too_large(client, token) -> None:
     assert "response" in body["detail"]
 
 
-async def test_chunked_response_too_large_cuts_the_connection(client, token, settings, gateway) -> None:
+async def test_chunked_response_too_large_cuts_the_connection(
+    client, token, settings, gateway
+) -> None:
     import aiohttp
 
     with pytest.raises(aiohttp.ClientPayloadError):
@@ -390,8 +419,9 @@ async def test_streaming_response_passes_through_incrementally(client, token) ->
 # --- failures inside the gateway ----------------------------------------------------------
 
 
-async def test_internal_error_denies_and_leaks_nothing(client, token, monkeypatch, mocks: Mocks,
-                                                       settings, gateway) -> None:
+async def test_internal_error_denies_and_leaks_nothing(
+    client, token, monkeypatch, mocks: Mocks, settings, gateway
+) -> None:
     async def broken(call, gw):
         raise RuntimeError("secret-internal-detail")
 
@@ -415,8 +445,9 @@ async def test_health(client) -> None:
 # --- policy reload ------------------------------------------------------------------------
 
 
-async def test_policy_reload_swaps_only_valid_policies(client, token, gateway: Gateway,
-                                                       settings: Settings, policy_file: Path) -> None:
+async def test_policy_reload_swaps_only_valid_policies(
+    client, token, gateway: Gateway, settings: Settings, policy_file: Path
+) -> None:
     tok = token()
     assert (await client.get("/echo/echo/x", headers=bearer(tok))).status == 200
     text = policy_file.read_text()
@@ -435,7 +466,9 @@ async def test_policy_reload_swaps_only_valid_policies(client, token, gateway: G
 async def test_audit_has_no_token_or_secret(client, token, settings, gateway, workspace) -> None:
     tok = token()
     await client.get("/echo/echo/x", headers=bearer(tok))
-    await client.get("/metrics/metrics/cpu?window=5m", headers=bearer(token("sre-bot", ["sre-diagnostics"])))
+    await client.get(
+        "/metrics/metrics/cpu?window=5m", headers=bearer(token("sre-bot", ["sre-diagnostics"]))
+    )
     await client.get("/echo/echo/x", headers=bearer(tok + "x"))
     raw = settings.audit.read_bytes() if settings.audit and settings.audit.exists() else b""
     gateway.audit.flush()
@@ -468,8 +501,9 @@ async def test_revoked_token_agent_and_run(client, token, gateway: Gateway, mock
     await problem(await client.get("/echo/echo/x", headers=bearer(fresh)), 401, "token_revoked")
 
 
-async def test_revocation_cancels_calls_in_flight(client, token, gateway: Gateway,
-                                                  settings, mocks: Mocks) -> None:
+async def test_revocation_cancels_calls_in_flight(
+    client, token, gateway: Gateway, settings, mocks: Mocks
+) -> None:
     tok = token("tester")
     call = asyncio.ensure_future(client.get("/echo/echo/slow?delay=0.9", headers=bearer(tok)))
     for _ in range(50):

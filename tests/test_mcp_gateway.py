@@ -60,33 +60,70 @@ async def test_denied_tool_never_reaches_the_server(client, token, mocks: Mocks,
 async def test_jsonrpc_error_body(client, token, mocks: Mocks) -> None:
     tok = token("mcp-bot", ["mcp-agent"])
     headers = {"Authorization": f"Bearer {tok}", "Accept": "application/json, text/event-stream"}
-    resp = await client.post("/tools/mcp", headers=headers, json={
-        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-        "params": {"name": "delete_order", "arguments": {"order_id": 1}},
-    })
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json={
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "delete_order", "arguments": {"order_id": 1}},
+        },
+    )
     assert resp.status == 200
     body = await resp.json()
     assert body["id"] == 7 and body["error"]["data"]["reason"] == "tool_denied"
     assert resp.headers["X-Capgate-Reason"] == "tool_denied"
     # A batch with one denied message is refused whole, each request answered.
-    resp = await client.post("/tools/mcp", headers=headers, json=[
-        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_order", "arguments": {"order_id": 1}}},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "delete_order", "arguments": {"order_id": 1}}},
-    ])
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json=[
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "get_order", "arguments": {"order_id": 1}},
+            },
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "delete_order", "arguments": {"order_id": 1}},
+            },
+        ],
+    )
     answers = await resp.json()
     assert [a["id"] for a in answers] == [1, 2]
     assert all(a["error"]["data"]["reason"] == "tool_denied" for a in answers)
     # Methods the policy does not name are refused too.
-    resp = await client.post("/tools/mcp", headers=headers, json={
-        "jsonrpc": "2.0", "id": 3, "method": "resources/read", "params": {"uri": "file:///etc/passwd"}})
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json={
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "resources/read",
+            "params": {"uri": "file:///etc/passwd"},
+        },
+    )
     assert (await resp.json())["error"]["data"]["reason"] == "tool_denied"
     # Routing headers must agree with the body.
-    resp = await client.post("/tools/mcp", headers={**headers, "Mcp-Method": "tools/list"}, json={
-        "jsonrpc": "2.0", "id": 4, "method": "tools/call",
-        "params": {"name": "get_order", "arguments": {"order_id": 1}}})
+    resp = await client.post(
+        "/tools/mcp",
+        headers={**headers, "Mcp-Method": "tools/list"},
+        json={
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "get_order", "arguments": {"order_id": 1}},
+        },
+    )
     assert (await resp.json())["error"]["data"]["reason"] == "body_invalid"
-    assert all(r["path"] != "/mcp" or b"delete_order" not in r["body"].encode()
-               for r in mocks.requests("mcp"))
+    assert all(
+        r["path"] != "/mcp" or b"delete_order" not in r["body"].encode()
+        for r in mocks.requests("mcp")
+    )
 
 
 async def test_mcp_without_token_is_401(client) -> None:

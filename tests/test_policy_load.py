@@ -170,7 +170,11 @@ def test_policy_with_params_constraints_loads() -> None:
     assert set(rule.headers) == {"x-env", "accept-language"}  # names lower-cased
     assert rule.headers["x-env"].required
     assert rule.allow_extra_query is False
-    assert rule.approval is False and rule.quota == 5 and rule.volatile == ("query:date", "/request_id")
+    assert (
+        rule.approval is False
+        and rule.quota == 5
+        and rule.volatile == ("query:date", "/request_id")
+    )
     assert rule.on_state_error == "allow"
     assert policy.rules_by_id["list-items"].allow_extra_query is True
     assert policy.rules_by_id["list-items"].path.segments == ("items", "")

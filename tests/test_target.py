@@ -278,7 +278,9 @@ def test_target_is_immutable() -> None:
         t.rest = "/admin"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("escape", ["%21", "%24", "%26", "%27", "%28", "%29", "%2A", "%2B", "%2C", "%3D", "%3A", "%40"])
+@pytest.mark.parametrize(
+    "escape", ["%21", "%24", "%26", "%27", "%28", "%29", "%2A", "%2B", "%2C", "%3D", "%3A", "%40"]
+)
 def test_path_escapes_of_characters_that_may_stand_as_they_are_are_refused(escape: str) -> None:
     # "+" and "%2B" would be two spellings of one segment.
     with pytest.raises(TargetAmbiguous) as err:

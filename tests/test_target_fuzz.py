@@ -171,7 +171,10 @@ def _check_accepted(t: Target) -> None:
             expected.append((_independent_decode(n, plus=True), _independent_decode(v, plus=True)))
         assert list(t.query_pairs) == expected
     # one spelling: re-encoding the decoded path gives back exactly the raw path
-    assert "/" + t.upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in t.segments) == path
+    assert (
+        "/" + t.upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in t.segments)
+        == path
+    )
     # one meaning: re-encoding the decoded parts means the same thing
     again = "/" + t.upstream + "".join("/" + encode(s, keep=SUB_DELIMS_PATH) for s in t.segments)
     if t.query_pairs:

@@ -57,9 +57,7 @@ def parse_json(data: bytes) -> Any:
     except UnicodeDecodeError:
         raise BodyInvalid("the body is not UTF-8 text") from None
     try:
-        value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except BodyInvalid:
         raise
     except RecursionError:
@@ -82,10 +80,14 @@ def call_json(call: Call) -> Any:
 
 
 def pointer(path: Any) -> str:
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else ""
+    return (
+        "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else ""
+    )
 
 
-def schema_errors(validator: Draft202012Validator, value: Any, limit: int = 5) -> list[dict[str, Any]]:
+def schema_errors(
+    validator: Draft202012Validator, value: Any, limit: int = 5
+) -> list[dict[str, Any]]:
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     out: list[dict[str, Any]] = []
     for err in errors[:limit]:

@@ -274,7 +274,9 @@ def tools_list_ids(call: Call) -> set[Any]:
     return {m.id for m in info["messages"] if m.method == "tools/list" and m.is_request}
 
 
-async def filter_json(chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int) -> AsyncIterator[bytes]:
+async def filter_json(
+    chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int
+) -> AsyncIterator[bytes]:
     buf = bytearray()
     async for chunk in chunks:
         buf += chunk
@@ -288,7 +290,9 @@ async def filter_json(chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[
     yield bytes(buf) if new is None else new
 
 
-async def filter_sse(chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int) -> AsyncIterator[bytes]:
+async def filter_sse(
+    chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int
+) -> AsyncIterator[bytes]:
     """Rewrite the ``data`` of each SSE event that answers a ``tools/list`` request."""
     buf = b""
     async for chunk in chunks:

@@ -126,9 +126,7 @@ def load_policy(path: str | Path, text: str | None = None) -> Policy:
     if root.issues:
         raise PolicyError(root.issues)
     digest = hashlib.sha256(raw_text.encode()).hexdigest()[:16]
-    return Policy(
-        version=1, source=str(path), upstreams=upstreams, roles=roles, digest=digest
-    )
+    return Policy(version=1, source=str(path), upstreams=upstreams, roles=roles, digest=digest)
 
 
 def _upstream(key: Node, node: Node) -> Upstream | None:
@@ -206,9 +204,7 @@ def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:
 
 
 def _credentials(upstream: str, node: Node) -> Credentials | None:
-    m = node.as_map(
-        required=("type",), optional=("secret", "header", "prefix", "audience", "ttl")
-    )
+    m = node.as_map(required=("type",), optional=("secret", "header", "prefix", "audience", "ttl"))
     if m is None or "type" not in m:
         return None
     kind = m["type"].as_choice(("none", "bearer", "header", "agent-jwt"))
@@ -342,7 +338,9 @@ def _rule(
                 headers[k.value.lower()] = c
     tool = m["tool"].as_str() if "tool" in m else None
     if tool is not None and upstream is not None and upstreams[upstream].kind != "mcp":
-        m["tool"].fail(f"'tool' needs an upstream of kind mcp; {upstream!r} is {upstreams[upstream].kind}")
+        m["tool"].fail(
+            f"'tool' needs an upstream of kind mcp; {upstream!r} is {upstreams[upstream].kind}"
+        )
     approval = False
     if "approval" in m:
         approval = m["approval"].as_choice(("required", "none")) == "required"
@@ -361,7 +359,9 @@ def _rule(
         replay = m["replay"].as_map(optional=("repeat_last",))
         if replay and "repeat_last" in replay:
             repeat_last = bool(replay["repeat_last"].as_bool())
-    on_state_error = m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
+    on_state_error = (
+        m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
+    )
     context: dict[str, Any] = {
         "rule_id": rule_id,
         "upstream": upstreams.get(upstream) if upstream else None,
@@ -466,8 +466,12 @@ def _constraint(name: str, node: Node) -> Constraint | None:
         return None
     enum = None
     if "enum" in m:
-        values = [str(v.value) if isinstance(v.value, int | str) and not isinstance(v.value, bool)
-                  else v.as_str() for v in (m["enum"].as_list() or [])]
+        values = [
+            str(v.value)
+            if isinstance(v.value, int | str) and not isinstance(v.value, bool)
+            else v.as_str()
+            for v in (m["enum"].as_list() or [])
+        ]
         if any(v is None for v in values):
             return None
         enum = frozenset(v for v in values if v is not None)

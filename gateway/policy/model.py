@@ -254,9 +254,7 @@ class Policy:
             if isinstance(params, str):
                 near_path = near_path or f"rule {rule.id!r}: {params}"
                 continue
-            problem = _query_violation(rule, target.query_pairs) or _header_violation(
-                rule, headers
-            )
+            problem = _query_violation(rule, target.query_pairs) or _header_violation(rule, headers)
             if problem is not None:
                 near = near or QueryInvalid(problem, rule=rule.id)
                 continue

@@ -202,9 +202,9 @@ def replay_command(
     """Run ``command`` against a gateway replaying ``directory``; stop it; print the report.
 
     The gateway is ``python -m gateway serve --mode replay --recordings DIR --replay-report
-    <tmp>/replay-report.json --port 0 <serve_args>``; the command gets ``CAPGATE_URL`` in its environment. Exit status: the
-    command's own when it failed, else 1 if any call missed, else 0; 2 when the gateway did
-    not start or wrote no report.
+    <tmp>/replay-report.json --port 0 <serve_args>``; the command gets ``CAPGATE_URL`` in its
+    environment. Exit status: the command's own when it failed, else 1 if any call missed,
+    else 0; 2 when the gateway did not start or wrote no report.
     """
     name = "replay"
     if not command:
@@ -216,7 +216,10 @@ def replay_command(
     with tempfile.TemporaryDirectory(prefix="capgate-replay-") as tmp:
         report_path = Path(tmp) / "replay-report.json"
         argv = [
-            sys.executable, "-m", "gateway", "serve",
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
             "--mode",
             "replay",
             "--recordings",

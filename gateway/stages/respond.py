@@ -86,7 +86,11 @@ def problem_response(err: GatewayError, request_id: str) -> web.Response:
 
 def refusal(call: Call, err: GatewayError) -> web.Response:
     """The answer to a refused call: problem+json, or a JSON-RPC error for an MCP call."""
-    if call.upstream is not None and call.upstream.kind == "mcp" and not isinstance(err, TokenError):
+    if (
+        call.upstream is not None
+        and call.upstream.kind == "mcp"
+        and not isinstance(err, TokenError)
+    ):
         body = jsonrpc_error_body(call, err)
         if body is not None:
             call.status = 200
@@ -203,8 +207,10 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
         await out.write_eof()
     except (GatewayError, ConnectionResetError) as exc:
         # Headers are already sent: cutting the connection is the only honest signal left.
-        call.error = exc if isinstance(exc, GatewayError) else UpstreamError(
-            "the agent's connection closed during the response"
+        call.error = (
+            exc
+            if isinstance(exc, GatewayError)
+            else UpstreamError("the agent's connection closed during the response")
         )
         if request.transport is not None:
             request.transport.close()

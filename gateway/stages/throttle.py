@@ -24,8 +24,13 @@ async def throttle(call: Call, gw: Gateway) -> None:
         if role.rate is not None:
             # A role's rate is shared by all of its rules: one limiter per (agent, role).
             await LIMITER.check(
-                gw.state, agent=call.claims.agent, rule_id="role:" + role.name,
-                rate=role.rate, run=None, run_quota=None, rule_quota=None,
+                gw.state,
+                agent=call.claims.agent,
+                rule_id="role:" + role.name,
+                rate=role.rate,
+                run=None,
+                run_quota=None,
+                rule_quota=None,
             )
         await LIMITER.check(
             gw.state,

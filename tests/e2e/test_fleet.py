@@ -42,7 +42,9 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(workspace: Workspace, mocks: Mocks, redis: RedisServer, tmp_path: Path) -> Iterator[Fleet]:
+def fleet(
+    workspace: Workspace, mocks: Mocks, redis: RedisServer, tmp_path: Path
+) -> Iterator[Fleet]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
     gateways: list[Served] = []
@@ -50,11 +52,22 @@ def fleet(workspace: Workspace, mocks: Mocks, redis: RedisServer, tmp_path: Path
         for i in range(2):
             audit = tmp_path / f"audit-{i}.jsonl"
             args = [
-                "--policy", str(policy), "--jwks", str(workspace.jwks),
-                "--upstream-key", str(workspace.upstream_key),
-                "--secrets-dir", str(workspace.secrets_dir),
-                "--port", "0", "--audit", str(audit), "--state", redis.url,
-                "--shutdown-grace", "5s",
+                "--policy",
+                str(policy),
+                "--jwks",
+                str(workspace.jwks),
+                "--upstream-key",
+                str(workspace.upstream_key),
+                "--secrets-dir",
+                str(workspace.secrets_dir),
+                "--port",
+                "0",
+                "--audit",
+                str(audit),
+                "--state",
+                redis.url,
+                "--shutdown-grace",
+                "5s",
             ]
             proc, ready = start_capgate(args, workspace.environ(), tmp_path)
             gateways.append(Served(proc, ready, audit))
@@ -90,14 +103,18 @@ def test_rate_limit_holds_across_two_gateways(fleet: Fleet, workspace: Workspace
     assert {fleet[0].ready["url"], fleet[1].ready["url"]} and len(fleet.gateways) == 2
 
 
-def test_revocation_reaches_the_other_gateway_within_a_second(fleet: Fleet, workspace: Workspace,
-                                                              redis: RedisServer) -> None:
+def test_revocation_reaches_the_other_gateway_within_a_second(
+    fleet: Fleet, workspace: Workspace, redis: RedisServer
+) -> None:
     tok = workspace.token("tester", ["tester"])
     assert fleet[1].call("/echo/echo/x", tok)[0] == 200  # its verdict is now cached there
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "revoke", "--agent", "tester", "--state", redis.url],
-        capture_output=True, text=True, cwd=ROOT, timeout=30,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
     revoked_at = time.monotonic()
@@ -112,7 +129,9 @@ def test_revocation_reaches_the_other_gateway_within_a_second(fleet: Fleet, work
     assert time.monotonic() - started < 10
 
 
-def test_redis_killed_then_restarted(fleet: Fleet, workspace: Workspace, redis: RedisServer) -> None:
+def test_redis_killed_then_restarted(
+    fleet: Fleet, workspace: Workspace, redis: RedisServer
+) -> None:
     tok = workspace.token("tester", ["tester"])
     assert fleet[0].call("/echo/echo/x", tok)[0] == 200
     redis.kill()
@@ -132,7 +151,9 @@ def test_redis_killed_then_restarted(fleet: Fleet, workspace: Workspace, redis: 
     wait_for(lambda: fleet[1].call("/echo-plain/rated/2", tok)[0] == 200, timeout=10)
 
 
-def test_paused_redis_does_not_hang_calls(fleet: Fleet, workspace: Workspace, redis: RedisServer) -> None:
+def test_paused_redis_does_not_hang_calls(
+    fleet: Fleet, workspace: Workspace, redis: RedisServer
+) -> None:
     tok = workspace.token("tester", ["tester"])
     assert fleet[0].call("/echo-plain/rated/1", tok)[0] == 200
     redis.pause(3000)
@@ -154,7 +175,9 @@ def test_soak_two_gateways_audit_and_counters_match(fleet: Fleet, workspace: Wor
             gw = fleet[i % 2]
             path = f"/echo-plain/rated/{i}" if i % 2 == 0 else f"/echo-plain/x/{i}"
             status, body = gw.call(path, tokens[agent])
-            out.append((status, body.get("reason", "allowed") if isinstance(body, dict) else "allowed"))
+            out.append(
+                (status, body.get("reason", "allowed") if isinstance(body, dict) else "allowed")
+            )
         return out
 
     started = time.monotonic()

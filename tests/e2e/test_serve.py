@@ -30,8 +30,14 @@ class Served:
         self.url = ready["url"]
         self.audit = audit
 
-    def call(self, path: str, token: str | None = None, method: str = "GET",
-             body: bytes | None = None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+    def call(
+        self,
+        path: str,
+        token: str | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
+        timeout: float = 10,
+    ) -> tuple[int, dict[str, Any]]:
         req = urllib.request.Request(self.url + path, method=method, data=body)
         if token:
             req.add_header("Authorization", f"Bearer {token}")
@@ -45,7 +51,9 @@ class Served:
                 return err.code, json.loads(err.read())
 
 
-def start_capgate(args: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def start_capgate(
+    args: list[str], env: dict[str, str], cwd: Path
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", *args],
         stdout=subprocess.PIPE,
@@ -70,9 +78,20 @@ def served(workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Iterator[Serve
     policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
     audit = tmp_path / "audit.jsonl"
     args = [
-        "--policy", str(policy), "--jwks", str(workspace.jwks),
-        "--upstream-key", str(workspace.upstream_key), "--secrets-dir", str(workspace.secrets_dir),
-        "--port", "0", "--audit", str(audit), "--shutdown-grace", "5s",
+        "--policy",
+        str(policy),
+        "--jwks",
+        str(workspace.jwks),
+        "--upstream-key",
+        str(workspace.upstream_key),
+        "--secrets-dir",
+        str(workspace.secrets_dir),
+        "--port",
+        "0",
+        "--audit",
+        str(audit),
+        "--shutdown-grace",
+        "5s",
     ]
     proc, ready = start_capgate(args, workspace.environ(), tmp_path)
     served = Served(proc, ready, audit)
@@ -91,22 +110,33 @@ def test_ready_line_and_health(served: Served) -> None:
     assert health["status"] == "ok"
 
 
-def test_allowed_and_denied_then_sigterm_flushes_audit(served: Served, workspace: Workspace) -> None:
+def test_allowed_and_denied_then_sigterm_flushes_audit(
+    served: Served, workspace: Workspace
+) -> None:
     sre = workspace.token("sre-bot", ["sre-diagnostics"])
     status, body = served.call("/metrics/metrics/cpu?window=1m", sre)
     assert status == 200 and body["window"] == "1m"
     status, body = served.call("/services/services/web", sre, method="DELETE")
     assert status == 403 and body["reason"] == "no_rule"
-    status, body = served.call("/services/services/restart", sre, method="POST", body=b'{"service":"web"}')
+    status, body = served.call(
+        "/services/services/restart", sre, method="POST", body=b'{"service":"web"}'
+    )
     assert status == 200 and body == {"restarted": "web", "by": "sre-bot"}
 
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(timeout=15) == 0
     lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
-    assert [(x["decision"], x["status"]) for x in lines] == [("allow", 200), ("deny", 403), ("allow", 200)]
+    assert [(x["decision"], x["status"]) for x in lines] == [
+        ("allow", 200),
+        ("deny", 403),
+        ("allow", 200),
+    ]
     check = subprocess.run(
         [sys.executable, "-m", "gateway", "audit", "verify", str(served.audit)],
-        capture_output=True, text=True, cwd=ROOT, timeout=30,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "3 lines" in check.stdout
@@ -137,9 +167,22 @@ def test_bad_policy_at_start_is_one_readable_error(workspace: Workspace, tmp_pat
     policy = tmp_path / "bad.yaml"
     policy.write_text("version: 1\nupstreams: {}\nroles:\n  r:\n    rules: [{id: x}]\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--jwks", str(workspace.jwks),
-         "--port", "0"],
-        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--policy",
+            str(policy),
+            "--jwks",
+            str(workspace.jwks),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
@@ -148,9 +191,22 @@ def test_bad_policy_at_start_is_one_readable_error(workspace: Workspace, tmp_pat
 
 def test_bad_setting_is_one_readable_error(workspace: Workspace, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--policy", "x.yaml", "--jwks", str(workspace.jwks),
-         "--port", "abc"],
-        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--policy",
+            "x.yaml",
+            "--jwks",
+            str(workspace.jwks),
+            "--port",
+            "abc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [

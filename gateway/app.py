@@ -237,6 +237,9 @@ def configure_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s capgate %(levelname)s %(message)s",
     )
+    # sqlglot logs the agent's raw SQL when it falls back to an opaque Command (which the
+    # SQL check denies anyway); agent text may carry secrets, so it stays out of the logs.
+    logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 
 async def serve(

@@ -179,7 +179,7 @@ def test_token_mint_long_ttl_is_refused_by_inspect(
 def test_policy_check_good(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "policy", "check", EXAMPLE)
     assert code == 0 and err == ""
-    assert out.strip() == f"{EXAMPLE}: ok (3 upstreams, 1 roles, 3 rules)"
+    assert out.strip() == f"{EXAMPLE}: ok (5 upstreams, 3 roles, 7 rules)"
 
 
 def test_policy_check_bad_prints_file_line_col(capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,7 +198,7 @@ def test_policy_check_several_files(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "policy", "check", EXAMPLE, str(bad))
     assert code == 1
     assert out.splitlines() == [
-        f"{EXAMPLE}: ok (3 upstreams, 1 roles, 3 rules)",
+        f"{EXAMPLE}: ok (5 upstreams, 3 roles, 7 rules)",
         f"{bad}:8:19: unknown upstream 'logs'; defined upstreams: ['metrics']",
     ]
 

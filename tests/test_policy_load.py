@@ -121,9 +121,18 @@ def test_file_too_large(tmp_path: Path) -> None:
 def test_example_policy_loads() -> None:
     policy = load_policy(REPO / "policies" / "example.yaml")
     assert isinstance(policy, Policy)
-    assert set(policy.upstreams) == {"metrics", "logs", "services"}
-    assert set(policy.roles) == {"sre-diagnostics"}
-    assert list(policy.rules_by_id) == ["read-cpu", "read-app-logs", "restart-service"]
+    assert set(policy.upstreams) == {"metrics", "logs", "services", "db", "tools"}
+    assert set(policy.roles) == {"sre-diagnostics", "analyst", "order-support"}
+    assert list(policy.rules_by_id) == [
+        "read-cpu",
+        "read-app-logs",
+        "restart-service",
+        "query-orders",
+        "mcp-search-orders",
+        "mcp-get-order",
+        "mcp-run-sql",
+    ]
+    assert [c.kind for c in policy.rules_by_id["query-orders"].checks] == ["body", "sql"]
     cpu = policy.rules_by_id["read-cpu"]
     assert (cpu.method, cpu.upstream, cpu.path.text) == ("GET", "metrics", "/metrics/cpu")
     assert cpu.path.segments == ("metrics", "cpu")

@@ -33,10 +33,14 @@ Why each check exists (see /work/shared/PITFALLS.md, "sqlglot"):
   ``VACUUM``, ``LOCK TABLE``, ``EXPLAIN ANALYZE ...``) to an opaque ``exp.Command``: exactly the
   allowed statement classes are accepted at the root, nothing else.
 - Data-modifying statements hide in CTEs (``WITH x AS (DELETE ...)``): every node is visited.
-- ``find_all(exp.Table)`` also yields CTE names and table functions: real tables are told apart
-  with sqlglot's scopes, after normalising identifiers the way the database does (otherwise
-  ``WITH "Customers" AS (...) SELECT * FROM Customers`` reads the real ``customers`` table in
-  PostgreSQL while looking like the CTE).
+- ``find_all(exp.Table)`` also yields CTE names and table functions: a name is a CTE only where
+  SQL's scoping makes that CTE visible (a CTE body sees the CTEs before it; an INSERT/UPDATE/
+  DELETE target is always a table), compared after normalising identifiers the way the database
+  does (otherwise ``WITH "Customers" AS (...) SELECT * FROM Customers`` reads the real
+  ``customers`` table in PostgreSQL while looking like the CTE). Table functions are functions.
+- Table names match ``tables`` exactly after normalisation: ``public.orders`` is not ``orders``
+  (the search_path decides what an unqualified name means) unless ``default_schema: public``
+  says they are the same table.
 - Functions are an allow-list: unknown ones (``pg_sleep``, ``dblink``, ``load_extension``, ...)
   are ``exp.Anonymous`` and a deny-list would miss new ones. Names are taken from the source
   text, so ``to_char`` is ``to_char`` even though sqlglot models it as ``TimeToStr``.
@@ -49,9 +53,12 @@ Why each check exists (see /work/shared/PITFALLS.md, "sqlglot"):
   process; some shapes parse in quadratic time (``a[1][1]...``). The token stream is measured
   before anything is parsed: length, tokens, nesting and subscripts are capped.
 - sqlglot's ``qualify`` is quadratic in the length of AND/OR chains (2,000 terms take seconds),
-  so denied columns are resolved here, over scopes, in linear time: a ``*`` over a table with a
-  denied column, a whole-row reference (``SELECT c FROM customers c``), ``NATURAL JOIN`` and
-  ``USING`` on it, and every column whose table cannot be told for sure are refused.
+  so denied columns are resolved here, over sqlglot's scopes, in linear time. Refused: a
+  denied column anywhere (select list, alias, function argument, WHERE, GROUP/ORDER BY, JOIN),
+  ``*`` or ``t.*`` over its table (also inside derived tables and CTEs), a whole-row reference
+  (``SELECT c FROM customers c``, ``(c).ssn``), column aliases on its table
+  (``customers AS c(a, b, c, s)``), ``NATURAL JOIN`` and ``USING`` comparing it, and every
+  column of that name whose table cannot be told for sure (no schema, or ambiguous).
 - Regenerating SQL can change its meaning, so the checked text itself is forwarded; an
   appended LIMIT is added to the text and the new text is parsed and checked again.
 
@@ -63,6 +70,7 @@ This check is defence in depth: the database role behind a read tool should be r
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import re
@@ -83,7 +91,8 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.optimizer.scope import Scope, traverse_scope, walk_in_scope
-from sqlglot.tokens import SQLGLOTC_INSTALLED, Token, TokenType
+from sqlglot.tokenizer_core import Token, TokenType
+from sqlglot.tokens import SQLGLOTC_INSTALLED
 
 from gateway.checks.body import call_json, parse_json
 from gateway.errors import BodyInvalid, SqlDenied, ToolDenied
@@ -95,7 +104,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("capgate.checks.sql")
 
-SQLGLOT_VERSION: str = sqlglot.__version__
+SQLGLOT_VERSION: str = importlib.metadata.version("sqlglot")
 SQLGLOT_COMPILED: bool = bool(SQLGLOTC_INSTALLED)
 """True when the compiled ``sqlglotc`` build is active (same API, ~4-5x faster parsing)."""
 
@@ -119,9 +128,13 @@ PG_MAX_IDENTIFIER_BYTES = 63
 """PostgreSQL silently truncates longer identifiers; sqlglot does not."""
 
 PARSE_CACHE_SIZE = 1024
+PARSE_CACHE_CHARS = 1_000_000
+"""Total text length of cached parses: a tree takes ~110 bytes per character (~110 MB)."""
 VERDICT_CACHE_SIZE = 4096
+VERDICT_CACHE_CHARS = 4_000_000
+"""Total text length of one policy's cached verdicts (the texts are the keys)."""
 CACHE_MAX_TEXT = 16_384
-"""Texts longer than this are checked every time instead of being cached (memory bound)."""
+"""Texts longer than this are checked every time instead of being cached."""
 
 DIALECTS = ("postgres", "sqlite", "mysql")
 
@@ -363,35 +376,44 @@ V = TypeVar("V")
 
 
 class _Lru(Generic[K, V]):
-    """A small thread-safe LRU map with hit and miss counters."""
+    """A small thread-safe LRU map, bounded in entries and in total weight (text length)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_weight: int) -> None:
         self.size = size
+        self.max_weight = max_weight
         self.hits = 0
         self.misses = 0
-        self._data: OrderedDict[K, V] = OrderedDict()
+        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._weight = 0
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
         with self._lock:
-            value = self._data.get(key)
-            if value is None:
+            entry = self._data.get(key)
+            if entry is None:
                 self.misses += 1
                 return None
             self._data.move_to_end(key)
             self.hits += 1
-            return value
+            return entry[0]
 
-    def put(self, key: K, value: V) -> None:
+    def put(self, key: K, value: V, weight: int) -> None:
+        if weight > self.max_weight:
+            return
         with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            self._data[key] = (value, weight)
+            self._weight += weight
+            while len(self._data) > self.size or self._weight > self.max_weight:
+                _, (_, dropped) = self._data.popitem(last=False)
+                self._weight -= dropped
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._weight = 0
             self.hits = self.misses = 0
 
     def info(self) -> dict[str, int]:
@@ -401,14 +423,14 @@ class _Lru(Generic[K, V]):
 
 @dataclass(frozen=True, slots=True)
 class _Parsed:
-    """One text parsed by one dialect. The trees are never mutated (analysis works on copies)."""
+    """One text parsed by one dialect, identifiers normalised. Shared: never mutated."""
 
     statements: tuple[exp.Expr | None, ...]
     quoted: Mapping[int, str]  # source offset -> text of each quoted identifier token
     last_end: int  # offset of the last character of the last token that is not ';'
 
 
-_PARSES: _Lru[tuple[str, str], _Parsed | _Refusal] = _Lru(PARSE_CACHE_SIZE)
+_PARSES: _Lru[tuple[str, str], _Parsed | _Refusal] = _Lru(PARSE_CACHE_SIZE, PARSE_CACHE_CHARS)
 _DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
 
 
@@ -449,7 +471,6 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
         raise _Refusal.of(Denial.SIZE, f"the SQL has more than {MAX_TOKENS} tokens")
     depth = 0
     subscripts = 0
-    previous: Token | None = None
     for token in tokens:
         kind = token.token_type
         if kind in _OPEN:
@@ -472,10 +493,66 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
                     )
         elif kind in _CLOSE:
             depth -= 1
-        if dialect == "postgres":
+    if _ODD_CHARACTER.search(text) is not None:
+        _odd_characters(text, tokens)
+    if dialect == "postgres":
+        _postgres_lexing(text, tokens)
+    elif dialect == "mysql" and '"' in text:
+        for token in tokens:
+            if token.token_type is TokenType.STRING and text[token.start] == '"':
+                raise _Refusal.of(
+                    Denial.PARSE,
+                    "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
+                    "identifier; use single quotes",
+                    '"',
+                    **_where_token(text, token),
+                )
+
+
+# Control characters and Unicode spaces: sqlglot splits tokens on every str.isspace()
+# character, PostgreSQL and SQLite read U+00A0, U+3000, U+2028 ... as identifier characters,
+# MySQL follows its character set. Refused outside string literals.
+_ODD_CHARACTER = re.compile(
+    "[\x01-\x08\x0b\x0c\x0e-\x1f\x7f\x85\xa0\u1680\u2000-\u200f\u2028\u2029\u202f"
+    "\u205f\u3000\ufeff]"
+)
+_STRING_TOKENS = frozenset(
+    t
+    for t in (
+        getattr(TokenType, name, None)
+        for name in (
+            "STRING", "NATIONAL_STRING", "RAW_STRING", "HEREDOC_STRING", "BYTE_STRING",
+            "UNICODE_STRING", "HEX_STRING", "BIT_STRING", "NATIONAL_RAW_STRING",
+        )
+    )
+    if t is not None
+)  # fmt: skip
+
+
+def _odd_characters(text: str, tokens: list[Token]) -> None:
+    spans = [(t.start, t.end) for t in tokens if t.token_type in _STRING_TOKENS]
+    for match in _ODD_CHARACTER.finditer(text):
+        offset = match.start()
+        if not any(start <= offset <= end for start, end in spans):
+            raise _Refusal.of(
+                Denial.PARSE,
+                f"the SQL contains the character U+{ord(match.group()):04X} outside a string "
+                "literal; databases disagree on whether it separates words",
+                f"U+{ord(match.group()):04X}",
+                **_position(text, offset),
+            )
+
+
+# A prefilter: more than 63 UTF-8 bytes take at least 16 characters (4 bytes each at most).
+_LONG_WORD = re.compile(r'[^\s"()\[\],;.]{16,}|"(?:[^"]|""){16,}')
+
+
+def _postgres_lexing(text: str, tokens: list[Token]) -> None:
+    """U&"..." identifiers (sqlglot: 'U & "..."') and identifiers PostgreSQL truncates."""
+    if "&" in text:
+        for previous, token in zip(tokens, tokens[1:], strict=False):
             if (
-                kind is TokenType.IDENTIFIER
-                and previous is not None
+                token.token_type is TokenType.IDENTIFIER
                 and previous.token_type is TokenType.AMP
                 and previous.start > 0
                 and text[previous.start - 1] in "uU"
@@ -488,26 +565,20 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
                     'U&"',
                     **_where_token(text, token),
                 )
-            if (
-                kind in (TokenType.IDENTIFIER, TokenType.VAR)
-                and len(token.text.encode("utf-8")) > PG_MAX_IDENTIFIER_BYTES
-            ):
-                raise _Refusal.of(
-                    Denial.PARSE,
-                    f"an identifier is longer than {PG_MAX_IDENTIFIER_BYTES} bytes, which "
-                    "PostgreSQL would truncate",
-                    token.text[:80],
-                    **_where_token(text, token),
-                )
-        elif dialect == "mysql" and kind is TokenType.STRING and text[token.start] == '"':
+    if _LONG_WORD.search(text) is None:
+        return  # no run of characters long enough to make a 64-byte identifier
+    for token in tokens:
+        if (
+            token.token_type in (TokenType.IDENTIFIER, TokenType.VAR)
+            and len(token.text.encode("utf-8")) > PG_MAX_IDENTIFIER_BYTES
+        ):
             raise _Refusal.of(
                 Denial.PARSE,
-                "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
-                "identifier; use single quotes",
-                '"',
+                f"an identifier is longer than {PG_MAX_IDENTIFIER_BYTES} bytes, which "
+                "PostgreSQL would truncate",
+                token.text[:80],
                 **_where_token(text, token),
             )
-        previous = token
 
 
 def _parse_uncached(dialect: str, text: str) -> _Parsed:
@@ -518,6 +589,7 @@ def _parse_uncached(dialect: str, text: str) -> _Parsed:
             "the SQL contains a backslash: MySQL lexes it differently depending on sql_mode "
             "(NO_BACKSLASH_ESCAPES), so the gateway cannot know what the server would run",
             "\\",
+            **_position(text, text.index("\\")),
         )
     try:
         tokens = d.tokenize(text)
@@ -532,6 +604,11 @@ def _parse_uncached(dialect: str, text: str) -> _Parsed:
     _lexical_problems(dialect, text, tokens)
     try:
         statements = d.parser().parse(tokens, text)
+        # Identifiers compared as the database compares them (PostgreSQL folds unquoted names
+        # to lower case; SQLite ignores case). Done once here: the cached trees are read-only.
+        for statement in statements:
+            if statement is not None:
+                normalize_identifiers(statement, dialect=d)
     except ParseError as exc:
         errors = [
             _Violation(
@@ -568,7 +645,7 @@ def _parse(dialect: str, text: str) -> _Parsed:
     except RecursionError:
         result = _Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
     if cacheable:
-        _PARSES.put(key, result)
+        _PARSES.put(key, result, len(text))
     if isinstance(result, _Refusal):
         raise result.with_traceback(None)
     return result
@@ -594,9 +671,9 @@ def parse_table_name(text: str, dialect: str) -> TableName:
         raise ValueError(f"{text!r} is not a table name for {dialect}") from None
     if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
         raise ValueError(f"{text!r} is not a table name for {dialect}")
-    table = _normalized_parts(table, dialect)
-    assert isinstance(table, exp.Table)
-    return TableName(table.catalog, table.db, table.name)
+    normalized = _normalized_parts(table, dialect)
+    assert isinstance(normalized, exp.Table)
+    return TableName(normalized.catalog, normalized.db, normalized.name)
 
 
 def parse_column_name(text: str, dialect: str) -> tuple[TableName, str]:
@@ -611,9 +688,9 @@ def parse_column_name(text: str, dialect: str) -> tuple[TableName, str]:
         raise ValueError(f"{text!r} is not a column name for {dialect}") from None
     if not isinstance(column, exp.Column) or not isinstance(column.this, exp.Identifier):
         raise ValueError(f"{text!r} is not a column name for {dialect}")
-    column = _normalized_parts(column, dialect)
-    assert isinstance(column, exp.Column)
-    return TableName(column.catalog, column.db, column.table), column.name
+    normalized = _normalized_parts(column, dialect)
+    assert isinstance(normalized, exp.Column)
+    return TableName(normalized.catalog, normalized.db, normalized.table), normalized.name
 
 
 def parse_identifier(text: str, dialect: str) -> str:
@@ -633,6 +710,16 @@ def parse_function_name(text: str) -> str:
     if not isinstance(text, str) or not _FUNCTION_TEXT.fullmatch(text):
         raise ValueError(f"{text!r} is not a function name (letters, digits, '_' or '$')")
     return text.lower()
+
+
+def column_key(name: str, dialect: str) -> str:
+    """A column name as the database compares it.
+
+    MySQL compares column names case-insensitively on every platform (table names follow the
+    file system, which sqlglot's case-sensitive MySQL setting mirrors); PostgreSQL and SQLite
+    identifiers are already normalised by sqlglot.
+    """
+    return name.lower() if dialect == "mysql" else name
 
 
 def _is_catalog(table: TableName, dialect: str) -> bool:
@@ -677,6 +764,7 @@ class SqlPolicy:
     default_schema: str | None = None
     schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
     deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
     functions: frozenset[str] = DEFAULT_FUNCTIONS
     max_limit: int | None = None
     add_limit: bool = False
@@ -684,7 +772,7 @@ class SqlPolicy:
     max_length: int = MAX_SQL_LENGTH
     rule_id: str | None = None
     _verdicts: _Lru[str, SqlVerdict | _Refusal] = field(
-        default_factory=lambda: _Lru(VERDICT_CACHE_SIZE), repr=False
+        default_factory=lambda: _Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
 
     # -- construction ---------------------------------------------------------------------------
@@ -733,12 +821,12 @@ class SqlPolicy:
         columns: dict[TableName, frozenset[str]] = {}
         for name, cols in (schema or {}).items():
             columns[canon(parse_table_name(name, dialect))] = frozenset(
-                parse_identifier(c, dialect) for c in cols
+                column_key(parse_identifier(c, dialect), dialect) for c in cols
             )
         denied: dict[TableName, set[str]] = {}
         for text in deny_columns:
             table, column = parse_column_name(text, dialect)
-            table = canon(table)
+            table, column = canon(table), column_key(column, dialect)
             if table not in allowed:
                 raise ValueError(f"deny_columns: {text!r} names a table that is not in tables")
             if table in columns and column not in columns[table]:
@@ -760,6 +848,7 @@ class SqlPolicy:
             default_schema=default,
             schema=MappingProxyType(columns),
             deny_columns=MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
+            denied_names=frozenset(c for cols in denied.values() for c in cols),
             functions=DEFAULT_FUNCTIONS | {parse_function_name(f) for f in functions},
             max_limit=max_limit,
             add_limit=add_limit,
@@ -792,7 +881,7 @@ class SqlPolicy:
             logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
             result = _Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
         if cacheable:
-            self._verdicts.put(text, result)
+            self._verdicts.put(text, result, len(text))
         if isinstance(result, _Refusal):
             raise result.error(self.rule_id)
         return result
@@ -880,6 +969,26 @@ class _StatementResult:
     missing_limit: bool
 
 
+class _Category(StrEnum):
+    """What ``_node_problem`` has to look at for a node class (computed once per class)."""
+
+    OTHER = "other"
+    FUNCTION = "function"
+    INSPECT = "inspect"
+
+
+def _categorize(cls: type[exp.Expr]) -> _Category:
+    if issubclass(cls, exp.Func):
+        return _Category.FUNCTION
+    watched = (*_UTILITY, *_KIND_OF, exp.DDL, exp.DML, exp.Into, exp.Lock)
+    if issubclass(cls, watched + (exp.SessionParameter, exp.PropertyEQ)):
+        return _Category.INSPECT
+    return _Category.OTHER
+
+
+_NODE_CATEGORY: dict[type[exp.Expr], _Category] = {}
+
+
 class _StatementCheck:
     """The checks of one parsed statement, in stages; each stage raises its violations."""
 
@@ -899,8 +1008,7 @@ class _StatementCheck:
     def run(self) -> _StatementResult:
         self._check_root()
         self._check_nodes()
-        tree = self.root.copy()
-        normalize_identifiers(tree, dialect=self.dialect)
+        tree = self.root  # normalised when parsed; nothing below changes it
         try:
             scopes = traverse_scope(tree)
         except SqlglotError:
@@ -955,7 +1063,6 @@ class _StatementCheck:
 
     def _check_nodes(self) -> None:
         """One walk over every node: nested statements, INTO, locks, variables, functions."""
-        policy = self.policy
         violations: list[_Violation] = []
         stack: list[tuple[exp.Expr, int]] = [(self.root, 0)]
         while stack:
@@ -966,83 +1073,86 @@ class _StatementCheck:
                     f"the SQL's syntax tree is deeper than {MAX_TREE_DEPTH} levels",
                     "depth",
                 )
-            stack.extend((child, depth + 1) for child in node.iter_expressions())
-            if node is self.root:
-                continue
-            where = self._where(node)
-            if isinstance(node, exp.Command) or isinstance(node, _UTILITY):
-                violations.append(
-                    _Violation(
-                        Denial.COMMAND,
-                        f"a {node.key.upper()} statement inside the SQL{_at(where)} is never "
-                        "allowed",
-                        node.key,
-                        **where,
-                    )
-                )
-                continue
-            kind = _KIND_OF.get(type(node))
-            if kind is None and isinstance(node, exp.DDL | exp.DML):
-                violations.append(
-                    _Violation(
-                        Denial.COMMAND,
-                        f"a {node.key.upper()} inside the SQL{_at(where)} is never allowed",
-                        node.key,
-                        **where,
-                    )
-                )
-                continue
-            if kind is not None:
-                self.kinds.add(kind.value)
-                if kind not in policy.statements:
-                    violations.append(
-                        _Violation(
-                            Denial.STATEMENT,
-                            f"a {kind.value.upper()} nested inside the statement (in a CTE or "
-                            f"a subquery){_at(where)} is not allowed by the rule",
-                            kind.value,
-                            **where,
-                        )
-                    )
-                continue
-            if isinstance(node, exp.Into) and SqlFamily.INTO not in policy.allow:
-                violations.append(
-                    _Violation(
-                        Denial.INTO,
-                        f"SELECT ... INTO{_at(where)} writes a table or variables; it is not "
-                        "allowed (allow: [into] opts in)",
-                        "into",
-                        **where,
-                    )
-                )
-            elif isinstance(node, exp.Lock) and SqlFamily.LOCKING not in policy.allow:
-                violations.append(
-                    _Violation(
-                        Denial.LOCK,
-                        "a locking clause (FOR UPDATE / FOR SHARE / LOCK IN SHARE MODE) is not "
-                        "allowed (allow: [locking] opts in)",
-                        "lock",
-                        **where,
-                    )
-                )
-            elif SqlFamily.VARIABLES not in policy.allow and (
-                isinstance(node, exp.SessionParameter)
-                or (isinstance(node, exp.PropertyEQ) and isinstance(node.this, exp.Parameter))
-            ):
-                violations.append(
-                    _Violation(
-                        Denial.VARIABLE,
-                        f"a server or session variable{_at(where)} is not allowed "
-                        "(allow: [variables] opts in)",
-                        node.sql(dialect=self.dialect)[:80],
-                        **where,
-                    )
-                )
-            elif isinstance(node, exp.Func):
-                problem = self._function_problem(node)
+            below = depth + 1
+            for value in node.args.values():  # faster than iter_expressions()
+                if isinstance(value, exp.Expr):
+                    stack.append((value, below))
+                elif isinstance(value, list):
+                    stack.extend((v, below) for v in value if isinstance(v, exp.Expr))
+            if node is not self.root:
+                problem = self._node_problem(node)
                 if problem is not None:
                     violations.append(problem)
         self._raise(violations)
+
+    def _node_problem(self, node: exp.Expr) -> _Violation | None:
+        category = _NODE_CATEGORY.get(type(node))
+        if category is None:
+            category = _NODE_CATEGORY.setdefault(type(node), _categorize(type(node)))
+        if category is _Category.OTHER:
+            return None  # most nodes: identifiers, literals, operators, clauses
+        allow = self.policy.allow
+        if category is _Category.FUNCTION:
+            assert isinstance(node, exp.Func)
+            return self._function_problem(node)
+        if isinstance(node, _UTILITY):  # exp.Command is one of them
+            where = self._where(node)
+            return _Violation(
+                Denial.COMMAND,
+                f"a {node.key.upper()} statement inside the SQL{_at(where)} is never allowed",
+                node.key,
+                **where,
+            )
+        kind = _KIND_OF.get(type(node))
+        if kind is not None:
+            self.kinds.add(kind.value)
+            if kind in self.policy.statements:
+                return None
+            where = self._where(node)
+            return _Violation(
+                Denial.STATEMENT,
+                f"a {kind.value.upper()} nested inside the statement (in a CTE or a "
+                f"subquery){_at(where)} is not allowed by the rule",
+                kind.value,
+                **where,
+            )
+        if isinstance(node, exp.DDL | exp.DML):
+            where = self._where(node)
+            return _Violation(
+                Denial.COMMAND,
+                f"a {node.key.upper()} inside the SQL{_at(where)} is never allowed",
+                node.key,
+                **where,
+            )
+        if isinstance(node, exp.Into) and SqlFamily.INTO not in allow:
+            where = self._where(node.this)
+            return _Violation(
+                Denial.INTO,
+                f"SELECT ... INTO{_at(where)} writes a table or variables; it is not allowed "
+                "(allow: [into] opts in)",
+                "into",
+                **where,
+            )
+        if isinstance(node, exp.Lock) and SqlFamily.LOCKING not in allow:
+            return _Violation(
+                Denial.LOCK,
+                "a locking clause (FOR UPDATE / FOR SHARE / LOCK IN SHARE MODE) is not allowed "
+                "(allow: [locking] opts in)",
+                "lock",
+            )
+        if SqlFamily.VARIABLES not in allow and (
+            isinstance(node, exp.SessionParameter)
+            or (isinstance(node, exp.PropertyEQ) and isinstance(node.this, exp.Parameter))
+        ):
+            where = self._where(node.this)
+            return _Violation(
+                Denial.VARIABLE,
+                f"a server or session variable{_at(where)} is not allowed (allow: [variables] "
+                "opts in)",
+                node.sql(dialect=self.dialect)[:80],
+                **where,
+            )
+        return None
 
     def _function_name(self, node: exp.Func) -> tuple[str, bool]:
         """(name as the database resolves it, whether it came from the source text)."""
@@ -1070,9 +1180,9 @@ class _StatementCheck:
 
     def _function_problem(self, node: exp.Func) -> _Violation | None:
         name, from_text = self._function_name(node)
-        where = self._where(node)
         parent = node.parent
         if isinstance(parent, exp.Dot) and parent.expression is node:
+            where = self._where(node)
             qualifier = parent.this.sql(dialect=self.dialect)
             return _Violation(
                 Denial.FUNCTION,
@@ -1090,6 +1200,7 @@ class _StatementCheck:
             ok = node.key in _SYNTAX_FUNCTIONS or not names.isdisjoint(allowed)
         if ok:
             return None
+        where = self._where(node)
         as_source = isinstance(parent, exp.Table)
         what = "table function" if as_source else "function"
         return _Violation(
@@ -1239,14 +1350,14 @@ class _StatementCheck:
         top: Mapping[str, exp.Table | Scope],
         denied_any: bool,
     ) -> _Violation | None:
-        name = column.name
-        where = self._where(column)
+        name = column_key(column.name, self.dialect)
         if column.table:
             source = self._lookup(column.table, scope, top)
             if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
                 table = self.policy.canonical(TableName(source.catalog, source.db, source.name))
                 self.columns.add(f"{table}.{name}")
                 if name in self._denied_for(source):
+                    where = self._where(column)
                     return _Violation(
                         Denial.COLUMN,
                         f"the column {source.name}.{name}{_at(where)} is denied by the rule",
@@ -1255,6 +1366,7 @@ class _StatementCheck:
                     )
                 return None
             if source is None and denied_any and self._denied_anywhere(name):
+                where = self._where(column)
                 return _Violation(
                     Denial.COLUMN,
                     f"the column {column.table}.{name}{_at(where)} cannot be resolved to a "
@@ -1278,6 +1390,7 @@ class _StatementCheck:
             and self._denied_for(source)
             and name not in (self._schema_for(source) or ())
         ):
+            where = self._where(column)
             return _Violation(
                 Denial.COLUMN,
                 f"{name}{_at(where)} refers to whole rows of {source.name}, which include a "
@@ -1287,19 +1400,20 @@ class _StatementCheck:
             )
         if not self._denied_anywhere(name):
             return None
-        for table in self._candidates(name, scope, top):
-            if name in self._denied_for(table):
+        for candidate in self._candidates(name, scope, top):
+            if name in self._denied_for(candidate):
+                where = self._where(column)
                 return _Violation(
                     Denial.COLUMN,
-                    f"the column {name}{_at(where)} may be {table.name}.{name}, which is denied "
-                    "by the rule",
-                    f"{table.name}.{name}",
+                    f"the column {name}{_at(where)} may be {candidate.name}.{name}, which is "
+                    "denied by the rule",
+                    f"{candidate.name}.{name}",
                     **where,
                 )
         return None
 
     def _denied_anywhere(self, name: str) -> bool:
-        return any(name in cols for cols in self.policy.deny_columns.values())
+        return name in self.policy.denied_names
 
     def _candidates(
         self, name: str, scope: Scope | None, top: Mapping[str, exp.Table | Scope]
@@ -1313,7 +1427,7 @@ class _StatementCheck:
             certain = False
             for source in sources.values():
                 if isinstance(source, Scope):
-                    outputs = _outputs(source)
+                    outputs = _outputs(source, self.dialect)
                     if outputs is not None and name in outputs:
                         certain = True
                     continue
@@ -1372,7 +1486,7 @@ class _StatementCheck:
                 )
             )
         for ident in join.args.get("using") or []:
-            name = ident.name
+            name = column_key(ident.name, self.dialect)
             for table in guarded:
                 if name in self._denied_for(table):
                     out.append(
@@ -1415,7 +1529,7 @@ class _StatementCheck:
                 **self._where(n),
             )
             for n in names
-            if n.name in denied
+            if column_key(n.name, self.dialect) in denied
         ]
 
     # -- stage 4: LIMIT ------------------------------------------------------------------------
@@ -1486,7 +1600,7 @@ def _is_cte_reference(table: exp.Table) -> bool:
     """True when ``table`` names a CTE visible where it stands (SQL's lexical scoping).
 
     Only a FROM/JOIN/USING source can be a CTE: an INSERT/UPDATE/DELETE/DDL target always
-    names a real table. A CTE body sees the CTEs before it (all of them WITH RECURSIVE).
+    names a real table. A CTE body sees the CTEs before it, and itself WITH RECURSIVE.
     Identifiers are already normalised, so names compare as the database compares them.
     """
     if table.args.get("db") or table.args.get("catalog"):
@@ -1499,10 +1613,14 @@ def _is_cte_reference(table: exp.Table) -> bool:
     while node is not None:
         if isinstance(node, exp.With):
             if isinstance(child, exp.CTE):
+                # The strictest reading across databases: the CTEs before this one, and this
+                # one itself under WITH RECURSIVE. (PostgreSQL also sees later CTEs under
+                # RECURSIVE, MySQL resolves them as tables: treated as tables here, which can
+                # only deny more.)
                 ctes = node.expressions
-                if not node.args.get("recursive"):
-                    ctes = ctes[: next(i for i, c in enumerate(ctes) if c is child)]
-                if any(c.alias == name for c in ctes):
+                index = next(i for i, c in enumerate(ctes) if c is child)
+                visible = ctes[: index + 1] if node.args.get("recursive") else ctes[:index]
+                if any(c.alias == name for c in visible):
                     return True
         else:
             with_ = node.args.get("with_")
@@ -1524,10 +1642,10 @@ def _under_exists(star: exp.Expr) -> bool:
     return isinstance(parent, exp.Exists)
 
 
-def _outputs(scope: Scope) -> frozenset[str] | None:
+def _outputs(scope: Scope, dialect: str) -> frozenset[str] | None:
     """Column names a derived table or CTE exposes, or None when unknown (a star)."""
     if scope.outer_columns:
-        return frozenset(scope.outer_columns)
+        return frozenset(column_key(c, dialect) for c in scope.outer_columns)
     expression = scope.expression
     names = getattr(expression, "named_selects", None)
     if not isinstance(names, list) or "*" in names:
@@ -1535,7 +1653,7 @@ def _outputs(scope: Scope) -> frozenset[str] | None:
     selects = getattr(expression, "selects", [])
     if any(isinstance(s, exp.Star) or (isinstance(s, exp.Column) and s.is_star) for s in selects):
         return None
-    return frozenset(names)
+    return frozenset(column_key(n, dialect) for n in names)
 
 
 # --- the payload check ------------------------------------------------------------------------
@@ -1790,16 +1908,16 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
                 allow.append(family)
 
     default_schema: str | None = None
+    schema_name = ""  # default_schema, normalised
     if "default_schema" in m:
         default_schema = m["default_schema"].as_str(what="a schema name")
         if default_schema is not None and dialect is not None:
             try:
-                parse_identifier(default_schema, dialect)
+                schema_name = parse_identifier(default_schema, dialect)
             except ValueError as exc:
                 m["default_schema"].fail(f"{m['default_schema'].where}: {exc}")
 
     def canon(t: TableName) -> TableName:
-        schema_name = parse_identifier(default_schema, dialect) if default_schema else ""
         return TableName(t.catalog, t.db or schema_name, t.name)
 
     tables: list[str] = []
@@ -1829,6 +1947,12 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
     elif "schema_file" in m:
         schema = _schema_from_file(m["schema_file"], dialect)
 
+    known: dict[TableName, set[str]] = {}  # the schema, normalised (validated when read)
+    if schema is not None and dialect is not None:
+        for name_text, cols in schema.items():
+            known[canon(parse_table_name(name_text, dialect))] = {
+                column_key(parse_identifier(c, dialect), dialect) for c in cols
+            }
     deny_columns: list[str] = []
     for item, value in _str_items(m["deny_columns"], "a column") if "deny_columns" in m else []:
         if dialect is None:
@@ -1841,15 +1965,10 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
         if canon(table) not in canonical:
             item.fail(f"{item.where}: {value!r} names a table that is not in 'tables'")
             continue
-        if schema is not None:
-            known = {
-                canon(parse_table_name(t, dialect)): {parse_identifier(c, dialect) for c in cols}
-                for t, cols in schema.items()
-            }
-            cols = known.get(canon(table))
-            if cols is not None and column not in cols:
-                item.fail(f"{item.where}: the schema of {str(table)!r} has no column {column!r}")
-                continue
+        columns = known.get(canon(table))
+        if columns is not None and column_key(column, dialect) not in columns:
+            item.fail(f"{item.where}: the schema of {str(table)!r} has no column {column!r}")
+            continue
         deny_columns.append(value)
 
     functions: list[str] = []

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlglot.tokens
+from multidict import CIMultiDict
 
 import gateway.checks.sql as sql_module
+from gateway.call import Call
 from gateway.checks.mcp import McpMessage
 from gateway.checks.sql import (
     DEFAULT_FUNCTIONS,
@@ -25,12 +26,13 @@ from gateway.checks.sql import (
     SqlBodyCheck,
     SqlPolicy,
     SqlVerdict,
+    TableName,
     cache_info,
     clear_parse_cache,
     parse_column_name,
     parse_table_name,
 )
-from gateway.errors import BodyInvalid, Reason, SqlDenied, ToolDenied
+from gateway.errors import BodyInvalid, GatewayError, Reason, SqlDenied, ToolDenied
 from gateway.policy.load import load_policy
 from gateway.policy.source import PolicyError
 
@@ -97,6 +99,11 @@ def make(dialect: str = "postgres", **kwargs: Any) -> SqlPolicy:
     return SqlPolicy.create(dialect, rule_id="r", **kwargs)
 
 
+def errors(err: GatewayError) -> list[dict[str, Any]]:
+    assert err.errors is not None
+    return err.errors
+
+
 def denial(policy: SqlPolicy, text: str) -> SqlDenied:
     with pytest.raises(SqlDenied) as info:
         policy.check(text)
@@ -104,7 +111,7 @@ def denial(policy: SqlPolicy, text: str) -> SqlDenied:
 
 
 def kind_of(policy: SqlPolicy, text: str) -> str:
-    return str(denial(policy, text).errors[0]["kind"])
+    return str(errors(denial(policy, text))[0]["kind"])
 
 
 def read_fixture(dialect: str, name: str) -> list[tuple[int, str]]:
@@ -169,7 +176,7 @@ def test_denied_fixture(policy_for: Any, dialect: str, text: str, expected: str)
     assert err.rule == "query-orders"
     assert err.detail
     assert err.errors, "a denial carries structured errors"
-    first = err.errors[0]
+    first = errors(err)[0]
     assert first["kind"] == expected, err.detail
     assert {"kind", "found", "detail"} <= set(first)
 
@@ -232,7 +239,7 @@ def test_pitfall_commands_are_denied(text: str) -> None:
 
 def test_pitfall_parse_errors_deny_with_positions() -> None:
     err = denial(make(), "SELECT *\nFROM WHERE")
-    first = err.errors[0]
+    first = errors(err)[0]
     assert first["kind"] == "parse"
     assert first["line"] == 2 and first["col"] >= 1
     # A partial tree (error_level WARN/IGNORE) is never used: nothing of it is allowed.
@@ -242,14 +249,14 @@ def test_pitfall_parse_errors_deny_with_positions() -> None:
 def test_pitfall_find_all_tables_vs_scopes() -> None:
     policy = make()
     err = denial(policy, "WITH orders AS (SELECT * FROM secrets) SELECT * FROM orders")
-    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("table", "secrets")
+    assert (errors(err)[0]["kind"], errors(err)[0]["found"]) == ("table", "secrets")
     assert policy.check("WITH secrets AS (SELECT id FROM orders) SELECT * FROM secrets").tables == (
         "orders",
     )
     err = denial(policy, "SELECT * FROM dblink('host=x', 'select 1') AS t(a int)")
-    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("function", "dblink")
+    assert (errors(err)[0]["kind"], errors(err)[0]["found"]) == ("function", "dblink")
     err = denial(make("sqlite"), "SELECT * FROM pragma_table_info('orders')")
-    assert (err.errors[0]["kind"], err.errors[0]["found"]) == ("function", "pragma_table_info")
+    assert (errors(err)[0]["kind"], errors(err)[0]["found"]) == ("function", "pragma_table_info")
 
 
 def test_pitfall_functions_are_an_allow_list() -> None:
@@ -263,13 +270,20 @@ def test_pitfall_functions_are_an_allow_list() -> None:
 @pytest.mark.parametrize("marker", ["/*!", "/*M!", "/*m!", "/*!50000"])
 def test_pitfall_executable_comments_are_denied_in_every_dialect(dialect: str, marker: str) -> None:
     err = denial(make(dialect), f"SELECT id FROM orders {marker} ; DROP TABLE orders */")
-    assert err.errors[0]["kind"] == "comment"
-    assert err.errors[0]["line"] == 1 and err.errors[0]["col"] == 23
+    assert errors(err)[0]["kind"] == "comment"
+    assert errors(err)[0]["line"] == 1 and errors(err)[0]["col"] == 23
 
 
 def test_pitfall_original_text_is_forwarded() -> None:
     text = "select  ID  from ORDERS /* keep me */ where STATUS = 'x' -- and me"
     assert make().check(text).sql == text
+
+
+def test_pitfall_regeneration_examples_are_denied_not_rewritten() -> None:
+    # The three examples where sqlglot's output would differ from what the agent sent.
+    assert kind_of(make("sqlite"), "PRAGMA table_info(users)") == "command"
+    assert kind_of(make(), 'SELECT "LOWER"(name) FROM customers') == "function"
+    assert kind_of(make("mysql"), "SELECT id INTO @v FROM orders") == "into"
 
 
 def test_pitfall_add_limit_appends_and_rechecks() -> None:
@@ -317,6 +331,7 @@ def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        ("SELECT " + "(" * 5000 + "1" + ")" * 5000, "size"),  # the pitfall's example
         ("SELECT " + "(" * 4000 + "1" + ")" * 4000, "depth"),
         ("SELECT " + "(" * (MAX_NESTING + 1) + "1" + ")" * (MAX_NESTING + 1), "depth"),
         ("SELECT " + "ARRAY[" * 40 + "1" + "]" * 40, "depth"),
@@ -330,6 +345,7 @@ def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPat
         ("SELECT '" + "x" * 100_001 + "'", "size"),
     ],
     ids=[
+        "parens-5000",
         "parens-4000",
         "parens-33",
         "brackets",
@@ -364,6 +380,18 @@ def test_pitfall_parse_and_verdict_are_cached() -> None:
     a, b = denial(one, "SELECT pg_sleep(1)"), denial(one, "SELECT pg_sleep(1)")
     assert a is not b and a.errors == b.errors
     assert one.cache_info()["hits"] == 2
+
+
+def test_caches_are_bounded_in_entries_and_text() -> None:
+    lru: sql_module._Lru[str, int] = sql_module._Lru(size=3, max_weight=10)
+    for key, weight in [("a", 4), ("b", 4), ("c", 1), ("d", 1)]:
+        lru.put(key, weight, weight)
+    assert lru.get("a") is None  # evicted: four entries weigh 10 but only 3 fit
+    lru.put("e", 5, 5)  # b (4) + c + d + e = 11 > 10: b goes
+    assert [lru.get(k) for k in "bcde"] == [None, 1, 1, 5]
+    lru.put("huge", 1, 11)  # heavier than the whole cache: not kept
+    assert lru.get("huge") is None
+    assert lru.info()["size"] == 3
 
 
 def test_cached_check_is_fast() -> None:
@@ -416,6 +444,14 @@ def test_mysql_sql_mode_dependent_lexing_is_denied(text: str) -> None:
     assert kind_of(make("mysql"), text) == "parse"
 
 
+@pytest.mark.parametrize("char", ["\xa0", "\u3000", "\u2028", "\x0b", "\x85", "\ufeff", "\u200b"])
+def test_unusual_spaces_outside_strings_are_denied(char: str) -> None:
+    # sqlglot splits words on any Unicode space; PostgreSQL reads U+00A0 as part of a name.
+    assert kind_of(make(), f"SELECT id{char}FROM orders") == "parse"
+    assert kind_of(make(), f"SELECT id FROM orders -- {char}") == "parse"
+    assert make().check(f"SELECT id FROM orders WHERE status = 'a{char}b'")
+
+
 def test_nul_and_non_strings_are_denied() -> None:
     assert kind_of(make(), "SELECT id FROM orders WHERE status = '\x00'") == "parse"
     with pytest.raises(SqlDenied):
@@ -428,7 +464,7 @@ def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(sql_module._StatementCheck, "_check_tables", broken)
     err = denial(make(), "SELECT id FROM orders")
-    assert err.errors[0]["kind"] == "unchecked"
+    assert errors(err)[0]["kind"] == "unchecked"
     assert err.detail == "the SQL could not be checked"
 
     def deep(*args: Any) -> None:
@@ -520,6 +556,8 @@ def test_statement_kinds_are_checked_everywhere() -> None:
         "statement"
     )
     assert kind_of(policy, "DELETE FROM secrets") == "table"
+    # A DML target is always a table, even when a CTE has its name.
+    assert kind_of(policy, "WITH secrets AS (SELECT 1) DELETE FROM secrets") == "table"
     assert kind_of(make(statements=["delete"]), "SELECT id FROM orders") == "statement"
 
 
@@ -540,7 +578,7 @@ def test_opt_in_families() -> None:
 
 def test_errors_carry_positions_and_every_problem() -> None:
     err = denial(make(), "SELECT id,\n       pg_sleep(1), version()\nFROM orders")
-    kinds = [(e["kind"], e["found"], e["line"], e["col"]) for e in err.errors]
+    kinds = [(e["kind"], e["found"], e["line"], e["col"]) for e in errors(err)]
     assert kinds == [("function", "pg_sleep", 2, 8), ("function", "version", 2, 21)]
     assert "(and 1 more problem(s), listed in errors)" in err.detail
 
@@ -578,11 +616,15 @@ def test_create_rejects_bad_values() -> None:
 # --- the body check -----------------------------------------------------------------------------
 
 
-@dataclass
-class FakeCall:
-    body: bytes | None
-    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
-    facts: dict[str, Any] = field(default_factory=dict)
+def make_call(
+    body: bytes | None,
+    content_type: str | None = "application/json",
+    facts: dict[str, Any] | None = None,
+) -> Call:
+    headers = CIMultiDict({"Content-Type": content_type} if content_type else {})
+    call = Call(method="POST", raw_target="/db/query", headers=headers, request_id="t", body=body)
+    call.facts.update(facts or {})
+    return call
 
 
 def body_check(**kwargs: Any) -> SqlBodyCheck:
@@ -592,7 +634,7 @@ def body_check(**kwargs: Any) -> SqlBodyCheck:
 
 
 def test_body_field_allowed_records_facts() -> None:
-    call = FakeCall(json.dumps({"sql": "SELECT id FROM orders LIMIT 5", "n": 1}).encode())
+    call = make_call(json.dumps({"sql": "SELECT id FROM orders LIMIT 5", "n": 1}).encode())
     before = call.body
     body_check().check(call)
     assert call.body == before
@@ -600,7 +642,9 @@ def test_body_field_allowed_records_facts() -> None:
 
 
 def test_body_field_rewrite_forwards_exactly_the_checked_sql() -> None:
-    call = FakeCall(json.dumps({"query": {"text": "SELECT id FROM orders", "who": "Zoë"}}).encode())
+    call = make_call(
+        json.dumps({"query": {"text": "SELECT id FROM orders", "who": "Zoë"}}).encode()
+    )
     body_check(field=("query", "text")).check(call)
     sent = json.loads(call.body or b"")
     assert sent == {"query": {"text": "SELECT id FROM orders LIMIT 100", "who": "Zoë"}}
@@ -614,44 +658,44 @@ def test_body_field_rewrite_forwards_exactly_the_checked_sql() -> None:
 )
 def test_body_field_missing_or_not_a_string(body: Any) -> None:
     with pytest.raises(BodyInvalid) as info:
-        body_check().check(FakeCall(json.dumps(body).encode()))
+        body_check().check(make_call(json.dumps(body).encode()))
     assert info.value.rule == "r"
 
 
 def test_body_field_needs_json() -> None:
     with pytest.raises(BodyInvalid):
-        body_check().check(FakeCall(b"SELECT 1", headers={"Content-Type": "text/plain"}))
+        body_check().check(make_call(b"SELECT 1", "text/plain"))
     with pytest.raises(BodyInvalid):
-        body_check().check(FakeCall(b'{"sql": "a", "sql": "b"}'))
+        body_check().check(make_call(b'{"sql": "a", "sql": "b"}'))
 
 
 def test_body_field_denied() -> None:
-    call = FakeCall(json.dumps({"sql": "DELETE FROM orders"}).encode())
+    call = make_call(json.dumps({"sql": "DELETE FROM orders"}).encode())
     with pytest.raises(SqlDenied) as info:
         body_check().check(call)
-    assert info.value.rule == "r" and info.value.errors[0]["kind"] == "statement"
+    assert info.value.rule == "r" and errors(info.value)[0]["kind"] == "statement"
     assert "sql" not in call.facts
 
 
 def test_raw_body() -> None:
     check = body_check(field=None, raw=True)
-    call = FakeCall(b"SELECT id FROM orders", headers={})
+    call = make_call(b"SELECT id FROM orders", None)
     check.check(call)
     assert call.body == b"SELECT id FROM orders LIMIT 100"
     with pytest.raises(BodyInvalid):
-        check.check(FakeCall(b"SELECT '\xff'", headers={}))
+        check.check(make_call(b"SELECT '\xff'", None))
     with pytest.raises(SqlDenied):
-        check.check(FakeCall(b"", headers={}))
+        check.check(make_call(b"", None))
 
 
-def mcp_call(*messages: dict[str, Any]) -> FakeCall:
+def mcp_call(*messages: dict[str, Any]) -> Call:
     batch = len(messages) > 1
     parsed = [
         McpMessage(m.get("id"), m["method"], m["params"]["name"], m["params"]["arguments"], True)
         for m in messages
     ]
     body = json.dumps(list(messages) if batch else messages[0]).encode()
-    return FakeCall(body, facts={"mcp": {"messages": parsed, "batch": batch}})
+    return make_call(body, facts={"mcp": {"messages": parsed, "batch": batch}})
 
 
 def tool_message(i: int, tool: str, sql: Any) -> dict[str, Any]:
@@ -683,7 +727,7 @@ def test_mcp_argument_denials() -> None:
     with pytest.raises(ToolDenied):
         check.check(mcp_call(tool_message(1, "run_sql", 42)))
     with pytest.raises(SqlDenied):
-        check.check(FakeCall(b"{}"))  # no parsed tools/call: nothing was checked, so denied
+        check.check(make_call(b"{}"))  # no parsed tools/call: nothing was checked, so denied
 
 
 # --- the policy file ----------------------------------------------------------------------------
@@ -695,7 +739,7 @@ def test_policy_file_compiles_the_analyst_rule() -> None:
     policy = check.policy
     assert policy.dialect == "postgres" and policy.max_limit == 1000
     assert {str(t) for t in policy.tables} == {"orders", "customers"}
-    assert dict(policy.deny_columns) == {("", "", "customers"): frozenset({"ssn"})}
+    assert dict(policy.deny_columns) == {TableName("", "", "customers"): frozenset({"ssn"})}
 
 
 def test_policy_file_example_from_design_loads_without_schema() -> None:
@@ -714,7 +758,7 @@ def test_policy_file_schema_file(tmp_path: Path) -> None:
         "schema_file: schema.json\n",
     )
     check = load_sql_check(block, tmp_path / "policy.yaml")
-    assert check.policy.schema[("", "", "customers")] == frozenset(SCHEMA["customers"])
+    assert check.policy.schema[TableName("", "", "customers")] == frozenset(SCHEMA["customers"])
 
 
 def test_policy_file_mcp_tool_rule() -> None:
@@ -774,3 +818,41 @@ def test_policy_file_errors_name_file_line_and_column(block: str, line: int, mes
     matching = [i for i in issues if message in i]
     assert matching, issues
     assert any(i.startswith(f"policy.yaml:{expected_line}:") for i in matching), issues
+
+
+# --- through the gateway's own stages (policy explain) ------------------------------------------
+
+
+async def test_explain_runs_the_sql_check_in_the_pipeline() -> None:
+    from gateway.policy.explain import explain
+
+    block = ANALYST_SQL.format(dialect="postgres").replace(
+        "max_limit: 1000", "max_limit: 1000\nadd_limit: true"
+    )
+    text = POLICY_TEMPLATE.format(sql=indent(block))
+    policy = load_policy("policy.yaml", text=text)
+
+    async def decide(sql: str) -> dict[str, Any]:
+        return await explain(
+            policy,
+            roles=["analyst"],
+            agent="a1",
+            method="POST",
+            url="http://127.0.0.1:8787/db/query",
+            body=json.dumps({"sql": sql}).encode(),
+        )
+
+    allowed = await decide("SELECT id, name FROM customers")
+    assert allowed["decision"] == "allow", allowed
+    assert allowed["facts"]["sql"] == {
+        "kinds": ["select"],
+        "tables": ["customers"],
+        "rewritten": True,
+    }
+    assert json.loads(allowed["forwarded_body"]) == {
+        "sql": "SELECT id, name FROM customers LIMIT 1000"
+    }
+    denied = await decide("SELECT ssn FROM customers")
+    assert (denied["decision"], denied["reason"], denied["status"]) == ("deny", "sql_denied", 403)
+    assert denied["rule"] == "query-orders"
+    assert denied["errors"][0]["kind"] == "column"

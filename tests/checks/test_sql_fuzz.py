@@ -112,9 +112,11 @@ def spell(draw: st.DrawFn, name: str, dialect: str) -> tuple[str, str]:
             "bracket": (f"[{name}]", name),
         }[style]
     style = draw(st.sampled_from(["plain", "backtick", "upper"]))
-    return {"plain": (name, name), "backtick": (f"`{name}`", name), "upper": (name.upper(), name.upper())}[
-        style
-    ]
+    return {
+        "plain": (name, name),
+        "backtick": (f"`{name}`", name),
+        "upper": (name.upper(), name.upper()),
+    }[style]
 
 
 @st.composite
@@ -181,7 +183,7 @@ def test_generated_selects_never_read_a_table_off_the_list(data: st.DataObject) 
     except SqlDenied as err:
         # Denied only because a table off the list is read (nothing else is wrong in them).
         assert not q.reads <= set(ALLOWED), (q, err.errors)
-        assert err.errors[0]["kind"] == "table"
+        assert (err.errors or [{}])[0]["kind"] == "table"
     else:
         assert q.reads <= set(ALLOWED), (q, verdict)
         assert set(verdict.tables) == set(q.reads)
@@ -211,12 +213,17 @@ ITEMS = [
     st.sampled_from(["customers", "orders"]),
     st.lists(st.sampled_from(ITEMS), min_size=1, max_size=3),
     st.sampled_from(["select", "where", "derived", "cte", "exists"]),
+    st.booleans(),
 )
 def test_denied_column_is_never_reached(
-    dialect: str, schema: bool, table: str, items: list[tuple[str, bool]], shape: str
+    dialect: str, schema: bool, table: str, items: list[tuple[str, bool]], shape: str, shout: bool
 ) -> None:
     if dialect != "postgres":
         items = [i for i in items if i[0] != "t"] or [("t.id", False)]  # whole rows: PostgreSQL
+    if shout:  # unquoted names are case-insensitive (MySQL: column names on every platform)
+        items = [(i.upper(), reach) for i, reach in items]
+        if dialect == "mysql":  # ... but not MySQL table aliases (T is not t: denied, unknown)
+            items = [(i.replace("T.", "t."), reach) for i, reach in items]
     listed = ", ".join(i for i, _ in items)
     leaks = table == "customers" and any(reach for _, reach in items)
     if shape == "where":
@@ -240,6 +247,6 @@ def test_denied_column_is_never_reached(
         policy.check(sql)
     except SqlDenied as err:
         assert leaks, (sql, err.errors)
-        assert err.errors[0]["kind"] == "column"
+        assert (err.errors or [{}])[0]["kind"] == "column"
     else:
         assert not leaks, sql

@@ -31,11 +31,18 @@ async def test_allowed_to_denied_and_denied_to_allowed(tmp_path: Path) -> None:
         'window: {enum: ["1m", "5m", "15m"], required: true}',
         'window: {enum: ["1m", "15m"], required: true}',
     )
-    text += """
-      - id: delete-service
+    # A new rule for the SRE role, right after its last rule.
+    anchor = "        rate: 3/hour\n"
+    assert anchor in text
+    text = text.replace(
+        anchor,
+        anchor
+        + """      - id: delete-service
         upstream: services
         allow: DELETE /services/{name}
-"""
+""",
+        1,
+    )
     report = await policy_test(changed(tmp_path, text), EXAMPLE)  # type: ignore[arg-type]
     kinds = {c.recording: c.kind for c in report.changes}
     assert kinds == {

@@ -1,0 +1,153 @@
+"""Cost of the SQL check per call: parse + policy, uncached and cached, compiled and pure.
+
+    python -m bench.sql_bench            # the active sqlglot build, then pure Python in a child
+    python -m bench.sql_bench --no-pure  # the active build only
+
+"uncached" gives every call a new text (a different literal), so each one is tokenized,
+parsed and checked; "cached" repeats one text, which the policy's verdict cache answers.
+The pure-Python figures come from a child process that loads sqlglot's ``.py`` sources instead
+of the ``sqlglotc`` extension modules installed over them (sqlglot has no switch for this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SMALL = "SELECT id, name FROM customers WHERE country = 'DE' AND id > {n} LIMIT 10"
+MEDIUM = (
+    "WITH spend AS (SELECT o.customer_id, sum(o.total_cents) AS total FROM orders o "
+    "WHERE o.status = 'paid' AND o.id > {n} GROUP BY o.customer_id) "
+    "SELECT c.id, c.name, s.total FROM spend s JOIN customers c ON c.id = s.customer_id "
+    "WHERE c.country = 'DE' ORDER BY s.total DESC LIMIT 100"
+)
+
+
+class _PureSqlglot(importlib.abc.MetaPathFinder):
+    """Load sqlglot's Python sources even where a compiled module sits beside them."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "sqlglot" and not fullname.startswith("sqlglot."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            return spec
+        source = Path(str(spec.origin)).parent / (fullname.rsplit(".", 1)[-1] + ".py")
+        if not source.exists():
+            return spec
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def _per_call(fn: Callable[[int], object], calls: int) -> float:
+    """Best of three runs of ``calls`` calls, in microseconds per call."""
+    best = float("inf")
+    offset = 0
+    for _ in range(3):
+        started = time.perf_counter()
+        for i in range(calls):
+            fn(offset + i)
+        best = min(best, (time.perf_counter() - started) / calls)
+        offset += calls
+    return best * 1e6
+
+
+def measure(calls: int) -> dict[str, Any]:
+    import sqlglot
+
+    from gateway.checks.sql import SQLGLOT_COMPILED, SQLGLOT_VERSION, SqlPolicy
+
+    policy = SqlPolicy.create(
+        "postgres",
+        tables=["orders", "customers"],
+        schema={
+            "customers": ["id", "name", "email", "ssn", "country"],
+            "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
+        },
+        deny_columns=["customers.ssn"],
+        max_limit=1000,
+    )
+    results: dict[str, Any] = {
+        "compiled": SQLGLOT_COMPILED,
+        "sqlglot": SQLGLOT_VERSION,
+        "queries": {},
+    }
+    for name, template in (("small", SMALL), ("medium", MEDIUM)):
+        policy.check(template.format(n=0))  # warm up imports and dialect tables
+        text = template.format(n=42)
+        policy.check(text)
+
+        def parse_only(n: int, template: str = template) -> object:
+            return sqlglot.parse(template.format(n=n), read="postgres")
+
+        def check_new_text(n: int, template: str = template) -> object:
+            return policy.check(template.format(n=n + 10**6))
+
+        def check_same_text(n: int, text: str = text) -> object:
+            return policy.check(text)
+
+        parse = _per_call(parse_only, calls)
+        uncached = _per_call(check_new_text, calls)
+        cached = _per_call(check_same_text, calls * 20)
+        results["queries"][name] = {
+            "chars": len(text),
+            "parse_us": parse,
+            "check_uncached_us": uncached,
+            "check_cached_us": cached,
+        }
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    build = "sqlglotc (compiled)" if results["compiled"] else "pure Python"
+    print(f"sqlglot {results['sqlglot']}, {build}")
+    print(f"  {'query':<8}{'chars':>6}{'parse':>12}{'check':>12}{'cached':>12}")
+    for name, q in results["queries"].items():
+        print(
+            f"  {name:<8}{q['chars']:>6}{q['parse_us']:>10.0f}µs"
+            f"{q['check_uncached_us']:>10.0f}µs{q['check_cached_us']:>10.2f}µs"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed run")
+    parser.add_argument("--no-pure", action="store_true", help="skip the pure-Python child")
+    parser.add_argument("--child-pure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_pure:
+        sys.meta_path.insert(0, _PureSqlglot())
+        print(json.dumps(measure(max(args.calls // 4, 20))))
+        return 0
+    print("parse = sqlglot.parse only; check = SqlPolicy.check (tokenize, parse, all checks);")
+    print("cached = the same text again (verdict cache). Per call, best of 3 runs.\n")
+    report(measure(args.calls))
+    if args.no_pure:
+        return 0
+    child = subprocess.run(
+        [sys.executable, "-m", "bench.sql_bench", "--child-pure", "--calls", str(args.calls)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode != 0:
+        print(f"\npure-Python run failed:\n{child.stderr.strip()[-2000:]}")
+        return 1
+    print()
+    report(json.loads(child.stdout.strip().splitlines()[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

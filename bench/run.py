@@ -412,6 +412,43 @@ def policy_50_rules_rated(ctx: Context) -> str:
     return text.replace(anchor, anchor + "        rate: 100000/second\n")
 
 
+SQL_QUERY = (
+    "WITH recent AS (SELECT o.id, o.customer_id, o.total_cents FROM orders o "
+    "WHERE o.status = 'paid' AND o.created_at >= '2024-01-01') "
+    "SELECT c.name, count(*) AS n, sum(r.total_cents) AS total FROM recent r "
+    "JOIN customers c ON c.id = r.customer_id GROUP BY c.name ORDER BY total DESC LIMIT 50"
+)
+
+
+def policy_50_rules_sql(ctx: Context) -> str:
+    """The 50-rule policy plus an analyst rule with the SQL check of the example policy."""
+    text = policy_50_rules(ctx)
+    text = text.replace(
+        "  inventory:\n",
+        "  db:\n"
+        f"    url: {ctx.upstream_url}\n"
+        '    credentials: {type: bearer, secret: "env:METRICS_TOKEN"}\n'
+        "  inventory:\n",
+        1,
+    )
+    return text + (
+        "  sql-analyst:\n"
+        "    rules:\n"
+        "      - id: query-orders\n"
+        "        upstream: db\n"
+        "        allow: POST /query\n"
+        "        sql:\n"
+        "          field: sql\n"
+        "          dialect: sqlite\n"
+        "          tables: [orders, customers]\n"
+        "          schema:\n"
+        "            customers: [id, name, email, ssn, country]\n"
+        "            orders: [id, customer_id, total_cents, status, created_at]\n"
+        "          deny_columns: [customers.ssn]\n"
+        "          max_limit: 1000\n"
+    )
+
+
 def start_redis(ctx: Context) -> None:
     """A throwaway redis-server on a free port (beside the load generator's CPU)."""
     redis = shutil.which("redis-server")
@@ -461,6 +498,17 @@ SCENARIOS: list[Scenario] = [
         policy=policy_50_rules,
         path="/metrics" + UPSTREAM_PATH,
         roles=("analyst", "sre-diagnostics"),
+    ),
+    Scenario(
+        name="capgate+sql",
+        description="a POST whose JSON body carries a ~280-character SQL query (CTE + join),"
+        " checked by the SQL policy (parsed once, then cached) before it is forwarded",
+        policy=policy_50_rules_sql,
+        path="/db/query",
+        roles=("sql-analyst",),
+        method="POST",
+        body=json.dumps({"sql": SQL_QUERY}).encode(),
+        content_type="application/json",
     ),
     Scenario(
         name="capgate+redis",

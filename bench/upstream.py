@@ -50,6 +50,8 @@ def create_app(token: str | None) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/metrics/cpu", cpu)
+    # The SQL scenario's database: the same fixed answer (the bench measures the gateway).
+    app.router.add_post("/query", cpu)
     return app
 
 

@@ -169,6 +169,7 @@ async def run_demo(port: int) -> None:
     configure_logging(settings.log_level)
     mocks = await start_mocks(mock_settings(ws, fixed_ports=True))
     token = ws.token("sre-bot", ["sre-diagnostics"], ttl=3600, run="demo")
+    analyst = ws.token("analyst-bot", ["analyst"], ttl=3600, run="demo")
 
     auth = '"Authorization: Bearer $TOKEN"'
 
@@ -180,6 +181,10 @@ async def run_demo(port: int) -> None:
             f"  curl -s -H {auth} '{url}/metrics/metrics/cpu?window=5m'\n\n"
             "Denied (no rule lets this agent delete anything):\n"
             f"  curl -s -X DELETE -H {auth} '{url}/services/services/web'\n\n"
+            "SQL as the analyst agent (SELECT on orders and customers, never customers.ssn):\n"
+            f"  export ANALYST={analyst}\n"
+            "  curl -s -H \"Authorization: Bearer $ANALYST\" -H 'Content-Type: application/json' \\\n"
+            f"    -d '{{\"sql\": \"SELECT id, status FROM orders LIMIT 3\"}}' {url}/db/query\n\n"
             f"Audit: {ROOT / '.demo' / 'audit.jsonl'}   Stop: Ctrl-C\n",
             flush=True,
         )

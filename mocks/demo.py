@@ -183,7 +183,8 @@ async def run_demo(port: int) -> None:
             f"  curl -s -X DELETE -H {auth} '{url}/services/services/web'\n\n"
             "SQL as the analyst agent (SELECT on orders and customers, never customers.ssn):\n"
             f"  export ANALYST={analyst}\n"
-            "  curl -s -H \"Authorization: Bearer $ANALYST\" -H 'Content-Type: application/json' \\\n"
+            "  curl -s -H \"Authorization: Bearer $ANALYST\" \\\n"
+            "    -H 'Content-Type: application/json' \\\n"
             f"    -d '{{\"sql\": \"SELECT id, status FROM orders LIMIT 3\"}}' {url}/db/query\n\n"
             f"Audit: {ROOT / '.demo' / 'audit.jsonl'}   Stop: Ctrl-C\n",
             flush=True,

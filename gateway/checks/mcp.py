@@ -319,7 +319,9 @@ def _event_end(buf: bytes) -> tuple[int, int]:
 
 
 def _rewrite_event(event: bytes, ids: set[Any], allowed: set[str]) -> bytes:
-    lines = event.splitlines()
+    # The event's lines without the blank line that ends it (a blank line inside would end
+    # the event early and split the answer from its event name and id).
+    lines = [ln for ln in event.splitlines() if ln]
     data = [ln[5:].lstrip(b" ") if ln.startswith(b"data:") else None for ln in lines]
     payload = b"\n".join(d for d in data if d is not None)
     if not payload:

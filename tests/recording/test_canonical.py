@@ -134,9 +134,8 @@ def test_volatile_entry_forms(entry: str, ok: bool) -> None:
 
 
 def test_the_real_sql_check_of_a_policy_is_understood() -> None:
-    from gateway.policy.load import load_policy
-
     import gateway.checks.sql  # noqa: F401  (registers the 'sql' rule key)
+    from gateway.policy.load import load_policy
 
     policy = load_policy(
         "p.yaml",

@@ -97,8 +97,24 @@ def _decode(text: str, where: str, *, plus_is_space: bool = False) -> str:
         raise _refuse(f"percent escapes in the {where} do not decode to UTF-8") from None
 
 
+_ACCEPTED: dict[str, Target] = {}  # agents repeat their targets: accepted ones are kept
+_ACCEPTED_MAX = 4096
+
+
 def parse_target(raw: str) -> Target:
-    """Split and check a raw request target; raise ``TargetAmbiguous`` unless canonical."""
+    """Split and check a raw request target; raise ``TargetAmbiguous`` unless canonical.
+
+    A pure function of ``raw``: accepted targets are memoised (bounded); refusals are not."""
+    target = _ACCEPTED.get(raw)
+    if target is None:
+        target = _parse_target(raw)
+        if len(_ACCEPTED) >= _ACCEPTED_MAX:
+            _ACCEPTED.clear()
+        _ACCEPTED[raw] = target
+    return target
+
+
+def _parse_target(raw: str) -> Target:
     if len(raw) > MAX_TARGET_LENGTH:
         raise _refuse(f"longer than {MAX_TARGET_LENGTH} characters")
     if not raw.startswith("/"):

@@ -94,8 +94,7 @@ def decision_of(call: Call) -> dict[str, Any]:
     facts = {k: v for k, v in call.facts.items() if k not in ("json", "mcp")}
     if "mcp" in call.facts:
         facts["mcp"] = [
-            {"id": m.id, "method": m.method, "tool": m.tool}
-            for m in call.facts["mcp"]["messages"]
+            {"id": m.id, "method": m.method, "tool": m.tool} for m in call.facts["mcp"]["messages"]
         ]
     out: dict[str, Any] = {
         "decision": "deny" if call.error else "allow",

@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.policy.model import Upstream
 from gateway.transports.base import UpstreamRequest
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class LiveTransport:
         self._limit = limit
         self._limit_per_host = limit_per_host
         self._session: aiohttp.ClientSession | None = None
+        self._routes: dict[Upstream, tuple[str, aiohttp.ClientTimeout]] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -83,15 +85,26 @@ class LiveTransport:
             )
         return self._session
 
+    def _route(self, up: Upstream) -> tuple[str, aiohttp.ClientTimeout]:
+        """The URL prefix and timeouts of an upstream, computed once per upstream object."""
+        route = self._routes.get(up)
+        if route is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None,
+                connect=up.connect_timeout,
+                sock_connect=up.connect_timeout,
+                sock_read=up.read_timeout,
+            )
+            route = (str(up.url.origin()) + up.base_path, timeout)
+            if len(self._routes) > 1024:  # policy reloads bring new Upstream objects
+                self._routes.clear()
+            self._routes[up] = route
+        return route
+
     async def send(self, request: UpstreamRequest) -> LiveResponse:
         up = request.upstream
-        url = URL(str(up.url.origin()) + up.base_path + request.target, encoded=True)
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=up.connect_timeout,
-            sock_connect=up.connect_timeout,
-            sock_read=up.read_timeout,
-        )
+        prefix, timeout = self._route(up)
+        url = URL(prefix + request.target, encoded=True)
         try:
             resp = await self._client().request(
                 request.method,

@@ -50,21 +50,18 @@ class Workspace:
     def environ(self) -> dict[str, str]:
         return {"METRICS_TOKEN": self.metrics_token}
 
-    def serve_args(self, port: int = 8787, audit: Path | None = None) -> list[str]:
+    def serve_args(
+        self, port: int = 8787, audit: Path | None = None, policy: Path | None = None
+    ) -> list[str]:
+        """``capgate serve`` flags for this workspace (its policy unless another is given)."""
         return [
-            "--policy",
-            str(self.policy),
-            "--jwks",
-            str(self.jwks),
-            "--upstream-key",
-            str(self.upstream_key),
-            "--secrets-dir",
-            str(self.secrets_dir),
-            "--port",
-            str(port),
-            "--audit",
-            str(audit or self.root / "audit.jsonl"),
-        ]
+            "--policy", str(policy or self.policy),
+            "--jwks", str(self.jwks),
+            "--upstream-key", str(self.upstream_key),
+            "--secrets-dir", str(self.secrets_dir),
+            "--port", str(port),
+            "--audit", str(audit or self.root / "audit.jsonl"),
+        ]  # fmt: skip
 
     def token(
         self,
@@ -183,9 +180,9 @@ async def run_demo(port: int) -> None:
             f"  curl -s -X DELETE -H {auth} '{url}/services/services/web'\n\n"
             "SQL as the analyst agent (SELECT on orders and customers, never customers.ssn):\n"
             f"  export ANALYST={analyst}\n"
-            "  curl -s -H \"Authorization: Bearer $ANALYST\" \\\n"
+            '  curl -s -H "Authorization: Bearer $ANALYST" \\\n'
             "    -H 'Content-Type: application/json' \\\n"
-            f"    -d '{{\"sql\": \"SELECT id, status FROM orders LIMIT 3\"}}' {url}/db/query\n\n"
+            f'    -d \'{{"sql": "SELECT id, status FROM orders LIMIT 3"}}\' {url}/db/query\n\n'
             f"Audit: {ROOT / '.demo' / 'audit.jsonl'}   Stop: Ctrl-C\n",
             flush=True,
         )

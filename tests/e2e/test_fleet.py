@@ -51,24 +51,8 @@ def fleet(
     try:
         for i in range(2):
             audit = tmp_path / f"audit-{i}.jsonl"
-            args = [
-                "--policy",
-                str(policy),
-                "--jwks",
-                str(workspace.jwks),
-                "--upstream-key",
-                str(workspace.upstream_key),
-                "--secrets-dir",
-                str(workspace.secrets_dir),
-                "--port",
-                "0",
-                "--audit",
-                str(audit),
-                "--state",
-                redis.url,
-                "--shutdown-grace",
-                "5s",
-            ]
+            args = [*workspace.serve_args(0, audit, policy), "--state", redis.url]
+            args += ["--shutdown-grace", "5s"]
             proc, ready = start_capgate(args, workspace.environ(), tmp_path)
             gateways.append(Served(proc, ready, audit))
         yield Fleet(gateways)

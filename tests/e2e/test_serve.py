@@ -77,22 +77,7 @@ def served(workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Iterator[Serve
     policy = tmp_path / "policy.yaml"
     policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
     audit = tmp_path / "audit.jsonl"
-    args = [
-        "--policy",
-        str(policy),
-        "--jwks",
-        str(workspace.jwks),
-        "--upstream-key",
-        str(workspace.upstream_key),
-        "--secrets-dir",
-        str(workspace.secrets_dir),
-        "--port",
-        "0",
-        "--audit",
-        str(audit),
-        "--shutdown-grace",
-        "5s",
-    ]
+    args = [*workspace.serve_args(0, audit, policy), "--shutdown-grace", "5s"]
     proc, ready = start_capgate(args, workspace.environ(), tmp_path)
     served = Served(proc, ready, audit)
     yield served

@@ -66,7 +66,10 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
     try:
         await decide(call, gw)
         if call.error is not None:
-            gw.transport.observe_denial(denial_of(call))
+            try:
+                gw.transport.observe_denial(denial_of(call))
+            except Exception:  # a recorder's failure must not change an answer already decided
+                log.exception("could not record the denial of request %s", call.request_id)
         else:
             gw.inflight.add(call, task)
             try:

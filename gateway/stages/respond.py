@@ -137,10 +137,10 @@ async def _respond_small(
     try:
         body = await upstream.read_all()
     except GatewayError as err:
-        await upstream.close()
         call.error = err
         return refusal(call, err)
-    await upstream.close()
+    finally:
+        await upstream.close()  # also when a revocation cancels the call here
     if secret and secret in body:
         body = body.replace(secret, b"*" * len(secret))
     out = web.Response(status=upstream.status, reason=upstream.reason or None, body=body)

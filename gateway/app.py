@@ -32,6 +32,7 @@ from gateway.recording import build_transport
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.state import open_store
 from gateway.state.base import StateStore
+from gateway.telemetry import Telemetry
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transports.base import Transport
 from gateway.transports.upstream import LiveTransport
@@ -54,6 +55,7 @@ class Gateway:
     transport: Transport
     audit: AuditTrail
     mcp: Any = None
+    telemetry: Telemetry = field(default_factory=lambda: Telemetry(None))
     inflight: InFlight = field(default_factory=InFlight)
     started: float = 0.0
     policy_stamp: tuple[int, int] = (0, 0)
@@ -132,6 +134,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         credentials=credentials,
         transport=transport,
         audit=AuditTrail(settings.audit),
+        telemetry=Telemetry(settings.traces),
         policy_stamp=(st.st_mtime_ns, st.st_size),
     )
     gw.mcp = McpGate(gw)
@@ -174,6 +177,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await gw.transport.close()
         await gw.state.close()
         gw.audit.close()
+        gw.telemetry.close()
 
 
 STATE_HEALTH_EVERY = 5.0

@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replay-report", dest="replay_report", help="end-of-run report (JSON)")
     s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
+    s.add_argument("--traces", help="OpenTelemetry spans: 'console' or a JSON-lines file")
 
     k = sub.add_parser("keys", help="signing keys")
     ksub = k.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)

@@ -29,6 +29,7 @@ sample                 (none: keep all)     record mode: fraction of uneventful 
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
+traces                 (none: off)          OpenTelemetry spans: ``console`` or a JSON-lines file
 =====================  ===================  ===========================================
 """
 
@@ -63,6 +64,7 @@ class Settings:
     shutdown_grace: float = 10.0
     reload_interval: float = 1.0
     log_level: str = "info"
+    traces: str | None = None
 
 
 def _port(value: Any) -> int:
@@ -160,6 +162,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "shutdown_grace": parse_duration,
     "reload_interval": _positive_duration,
     "log_level": _choice("debug", "info", "warning", "error"),
+    "traces": _text,
 }
 TOKEN_FIELDS = {
     "algorithm": "algorithm",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import secrets
@@ -164,6 +165,8 @@ async def run_demo(port: int) -> None:
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     settings = load_settings(flags, environ)
     configure_logging(settings.log_level)
+    for noisy in ("uvicorn", "uvicorn.error", "mcp"):  # the MCP mock's server logs
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     mocks = await start_mocks(mock_settings(ws, fixed_ports=True))
     token = ws.token("sre-bot", ["sre-diagnostics"], ttl=3600, run="demo")
     analyst = ws.token("analyst-bot", ["analyst"], ttl=3600, run="demo")

@@ -242,6 +242,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "shutdown_grace": "3s",
         "reload_interval": "2s",
         "log_level": "error",
+        "traces": "console",
         "mode": "record",
         "recordings": "rec",
         "replay_report": "report.json",

@@ -54,4 +54,6 @@ def audit_record(call: Call) -> dict[str, Any]:
 
 
 def audit(call: Call, gw: Gateway) -> None:
-    gw.audit.append(audit_record(call))
+    record = audit_record(call)
+    gw.telemetry.record(call, record)  # before append: the trail adds its hash chain field
+    gw.audit.append(record)

@@ -20,6 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway import __version__
+from gateway.admin import create_admin_app, read_admin_token
+from gateway.approvals import Approvals
 from gateway.audit_trail import AuditTrail
 from gateway.config import Settings
 from gateway.credentials import CredentialStore
@@ -56,6 +58,7 @@ class Gateway:
     audit: AuditTrail
     mcp: Any = None
     telemetry: Telemetry = field(default_factory=lambda: Telemetry(None))
+    approvals: Approvals = field(default_factory=lambda: Approvals(300.0))
     inflight: InFlight = field(default_factory=InFlight)
     started: float = 0.0
     policy_stamp: tuple[int, int] = (0, 0)
@@ -76,6 +79,7 @@ class Gateway:
         try:
             policy = load_policy(path)
             self.credentials.check_policy(policy)
+            check_approvers(policy, self.settings)
         except PolicyError as exc:
             for issue in exc.issues:
                 log.error("policy reload refused: %s", issue)
@@ -89,6 +93,16 @@ class Gateway:
         self.policy = policy
         log.info("policy reloaded from %s (digest %s)", path, policy.digest)
         return True
+
+
+def check_approvers(policy: Policy, settings: Settings) -> None:
+    """A rule that holds calls for approval needs someone who can approve (fail closed)."""
+    held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
+    if held and settings.admin_port is None:
+        raise ConfigError(
+            f"rules {held} require approval, but no admin listener is configured to approve "
+            "them (--admin-port and --admin-token-file)"
+        )
 
 
 def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
@@ -107,6 +121,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
     if settings.mode != "replay":
         credentials.check_policy(policy)
+    check_approvers(policy, settings)
     try:
         state = open_store(settings.state)
     except ValueError as exc:
@@ -135,6 +150,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         transport=transport,
         audit=AuditTrail(settings.audit),
         telemetry=Telemetry(settings.traces),
+        approvals=Approvals(settings.approval_timeout),
         policy_stamp=(st.st_mtime_ns, st.st_size),
     )
     gw.mcp = McpGate(gw)
@@ -253,6 +269,10 @@ async def serve(
 ) -> None:
     """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
     gw = build_gateway(settings, environ)
+    admin_token = None
+    if settings.admin_port is not None:
+        assert settings.admin_token_file is not None  # load_settings requires it
+        admin_token = read_admin_token(settings.admin_token_file)
     app = create_app(gw)
     runner = web.AppRunner(
         app,
@@ -269,6 +289,19 @@ async def serve(
         raise ConfigError(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
+    admin_runner: web.AppRunner | None = None
+    if settings.admin_port is not None and admin_token is not None:
+        admin_app = create_admin_app(gw.approvals, admin_token)
+        admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
+        await admin_runner.setup()
+        try:
+            await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
+        except OSError as exc:
+            await admin_runner.cleanup()
+            await runner.cleanup()
+            raise ConfigError(
+                f"cannot listen on {settings.host}:{settings.admin_port} (admin): {exc.strerror}"
+            ) from exc
     server = site._server  # the bound socket tells the real port when port is 0
     port = server.sockets[0].getsockname()[1] if server and server.sockets else settings.port
     stop = asyncio.Event()
@@ -281,6 +314,9 @@ async def serve(
         "health": f"http://{settings.host}:{port}{HEALTH_PATH}",
         "policy": str(settings.policy),
         "state": gw.state.backend,
+        "admin": (
+            f"http://{settings.host}:{admin_runner.addresses[0][1]}" if admin_runner else None
+        ),
         "pid": os.getpid(),
     }
     print(f"capgate {__version__} listening {json.dumps(ready)}", flush=True)
@@ -296,4 +332,6 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        if admin_runner is not None:
+            await admin_runner.cleanup()
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)

@@ -11,6 +11,7 @@
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR | export-har DIR [--out FILE] | import-har HAR DIR --map URL=UP
     capgate replay DIR [serve options] -- COMMAND ...
+    capgate approvals list | approve ID | deny ID --admin URL --token-file FILE
 
 Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
 policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
     s.add_argument("--traces", help="OpenTelemetry spans: 'console' or a JSON-lines file")
+    s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
+    s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
+    s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")
 
     k = sub.add_parser("keys", help="signing keys")
     ksub = k.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
@@ -150,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
     )
+
+    ap = sub.add_parser("approvals", help="calls held for approval (through the admin API)")
+    ap.add_argument("action", choices=["list", "approve", "deny"])
+    ap.add_argument("id", nargs="?", help="the approval id (approve, deny)")
+    ap.add_argument("--admin", required=True, help="admin API URL, e.g. http://127.0.0.1:8788")
+    ap.add_argument("--token-file", required=True, type=Path, help="admin bearer token file")
 
     rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
     rp.add_argument("directory", type=Path)
@@ -349,6 +359,35 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
 
 
+def cmd_approvals(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    from gateway.admin import read_admin_token
+
+    if args.action != "list" and not args.id:
+        raise CliError(f"approvals {args.action} needs the approval id")
+    if not args.admin.startswith(("http://", "https://")):
+        raise CliError(f"--admin {args.admin!r}: expected an http(s) URL")
+    token = read_admin_token(args.token_file).decode()
+    path = "/approvals" if args.action == "list" else f"/approvals/{args.id}/{args.action}"
+    request = urllib.request.Request(  # noqa: S310 (http(s) checked above)
+        args.admin.rstrip("/") + path,
+        method="GET" if args.action == "list" else "POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (operator URL)
+            print(json.dumps(json.loads(resp.read()), indent=2))
+            return EXIT_OK
+    except urllib.error.HTTPError as err:
+        with err:
+            body = json.loads(err.read() or b"{}")
+        raise CliError(f"admin API answered {err.code}: {body.get('detail', err.reason)}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"cannot reach the admin API at {args.admin}: {exc}") from None
+
+
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
 
@@ -388,6 +427,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return cmd_audit(args)
         if args.command == "revoke":
             return cmd_revoke(args, env)
+        if args.command == "approvals":
+            return cmd_approvals(args)
         if args.command == "recording":
             return cmd_recording(args)
         if args.command == "replay":

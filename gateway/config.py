@@ -29,6 +29,9 @@ sample                 (none: keep all)     record mode: fraction of uneventful 
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
+admin_port             (none: off)          admin API listener (approvals), on ``host``
+admin_token_file       (none)               bearer token of the admin API (a 0600 file)
+approval_timeout       5m                   how long a held call waits for a decision
 traces                 (none: off)          OpenTelemetry spans: ``console`` or a JSON-lines file
 =====================  ===================  ===========================================
 """
@@ -65,6 +68,9 @@ class Settings:
     reload_interval: float = 1.0
     log_level: str = "info"
     traces: str | None = None
+    admin_port: int | None = None
+    admin_token_file: Path | None = None
+    approval_timeout: float = 300.0
 
 
 def _port(value: Any) -> int:
@@ -163,6 +169,9 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "reload_interval": _positive_duration,
     "log_level": _choice("debug", "info", "warning", "error"),
     "traces": _text,
+    "admin_port": _port,
+    "admin_token_file": _optional_path,
+    "approval_timeout": _positive_duration,
 }
 TOKEN_FIELDS = {
     "algorithm": "algorithm",
@@ -223,6 +232,8 @@ def load_settings(
     for key in ("policy", "jwks"):
         if key not in values:
             raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
+    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
+        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}

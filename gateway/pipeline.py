@@ -1,6 +1,6 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> authenticate -> match_policy -> validate -> throttle -> inject
+    receive -> authenticate -> match_policy -> validate -> throttle -> approve -> inject
             -> dispatch (live upstream | recorder | replay) -> respond -> audit
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -20,6 +20,7 @@ from aiohttp import web
 from gateway.call import Call
 from gateway.errors import GatewayError, InternalError, TokenRevoked
 from gateway.recording.denial import denial_of
+from gateway.stages.approve import approve
 from gateway.stages.audit import audit
 from gateway.stages.authenticate import authenticate, check_revoked
 from gateway.stages.dispatch import dispatch
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("capgate")
 
-CHECKS = (receive, authenticate, match_policy, validate, throttle, inject)
+CHECKS = (receive, authenticate, match_policy, validate, throttle, approve, inject)
 
 
 def new_request_id() -> str:

@@ -243,6 +243,9 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "reload_interval": "2s",
         "log_level": "error",
         "traces": "console",
+        "admin_port": "8788",
+        "admin_token_file": "admin.token",
+        "approval_timeout": "90s",
         "mode": "record",
         "recordings": "rec",
         "replay_report": "report.json",
@@ -254,6 +257,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
     assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
     assert (s.mode, s.recordings, s.sample) == ("record", Path("rec"), 0.01)
+    assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
 
@@ -279,3 +283,9 @@ def test_recording_settings() -> None:
     )
     assert load_settings(REQUIRED, {"CI": "true"}).ci is True
     assert load_settings(REQUIRED, {}).ci is False
+
+
+def test_admin_port_needs_a_token_file() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings({**REQUIRED, "admin_port": "8788"}, {})
+    assert "admin_token_file" in str(err.value)

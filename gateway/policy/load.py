@@ -344,13 +344,6 @@ def _rule(
     approval = False
     if "approval" in m:
         approval = m["approval"].as_choice(("required", "none")) == "required"
-        if approval:
-            # Fail closed: until held calls can be approved, a rule that needs approval must
-            # not load (it would otherwise forward calls nobody approved).
-            m["approval"].fail(
-                "approval: 'required' is not supported by this version of capgate; "
-                "remove the rule or set approval: none"
-            )
     rate = _rate(m["rate"]) if "rate" in m else None
     quota = m["quota"].as_int(minimum=1) if "quota" in m else None
     volatile = _volatile(m["volatile"]) if "volatile" in m else ()

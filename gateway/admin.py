@@ -1,0 +1,79 @@
+"""The admin API, on its own listener (never the agents' port), with its own bearer token.
+
+    GET  /approvals                 pending approvals of this gateway
+    POST /approvals/{id}/approve    let the held call go on
+    POST /approvals/{id}/deny       end it with approval_denied
+
+Requests carry ``Authorization: Bearer <admin token>`` (``--admin-token-file``, a 0600 file).
+Answers are JSON; refusals are problem+json like the gateway's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.approvals import Approvals
+from gateway.errors import ConfigError
+
+ADMIN_APPROVALS: web.AppKey[Approvals] = web.AppKey("approvals")
+ADMIN_TOKEN: web.AppKey[bytes] = web.AppKey("admin_token")
+
+
+def read_admin_token(path: Path) -> bytes:
+    """The admin token from a file readable by its owner only."""
+    try:
+        st = path.stat()
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"admin token file {str(path)!r} is readable by group or others "
+                f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
+            )
+        token = path.read_text("utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read admin token file {str(path)!r}: {exc.strerror}") from exc
+    if len(token) < 16:
+        raise ConfigError(f"admin token in {str(path)!r} is shorter than 16 characters")
+    return token.encode()
+
+
+def _problem(status: int, reason: str, detail: str) -> web.Response:
+    body = {"type": "about:blank", "status": status, "reason": reason, "detail": detail}
+    return web.Response(
+        status=status, body=json.dumps(body), content_type="application/problem+json"
+    )
+
+
+@web.middleware
+async def _authorized(request: web.Request, handler: Any) -> web.StreamResponse:
+    expected = b"Bearer " + request.app[ADMIN_TOKEN]
+    got = request.headers.get("Authorization", "").encode()
+    if not hmac.compare_digest(got, expected):
+        return _problem(401, "admin_token_invalid", "a valid admin bearer token is required")
+    return await handler(request)
+
+
+async def _list(request: web.Request) -> web.Response:
+    return web.json_response({"pending": request.app[ADMIN_APPROVALS].pending()})
+
+
+async def _decide(request: web.Request) -> web.Response:
+    approval_id = request.match_info["id"]
+    approve = request.match_info["verb"] == "approve"
+    if not request.app[ADMIN_APPROVALS].decide(approval_id, approve, by="admin-api"):
+        return _problem(404, "approval_not_found", f"no pending approval {approval_id!r}")
+    return web.json_response({"id": approval_id, "decision": "approved" if approve else "denied"})
+
+
+def create_admin_app(approvals: Approvals, token: bytes) -> web.Application:
+    app = web.Application(middlewares=[_authorized], client_max_size=64 * 1024)
+    app[ADMIN_APPROVALS] = approvals
+    app[ADMIN_TOKEN] = token
+    app.router.add_get("/approvals", _list)
+    app.router.add_post("/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide)
+    return app

@@ -1,0 +1,114 @@
+"""Held calls: a rule with ``approval: required`` waits for a person's decision.
+
+The ``approve`` stage puts the call here and waits; a person decides through the admin API
+(``gateway/admin.py``, its own listener with its own token) or ``capgate approvals``. The
+call goes on when approved, ends with ``approval_denied`` when declined, and with
+``approval_timeout`` when nobody decides before the deadline. Pending approvals belong to the
+gateway that holds the call: the agent's connection is open there.
+
+Fail closed: without an admin listener nobody could approve, so a policy that requires
+approval is refused at start (and on reload) instead of holding calls for nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ApprovalDenied, ApprovalTimeout
+
+MAX_PENDING = 1000
+BODY_PREVIEW = 4096
+
+
+@dataclass
+class Pending:
+    id: str
+    agent: str
+    run: str | None
+    rule: str
+    method: str
+    target: str
+    body: str | None
+    created: float
+    deadline: float
+    decided: asyncio.Future[tuple[bool, str]] = field(repr=False)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "agent": self.agent,
+            "run": self.run,
+            "rule": self.rule,
+            "method": self.method,
+            "target": self.target,
+            "body": self.body,
+            "created": self.created,
+            "expires_in_s": max(0, round(self.deadline - time.time())),
+        }
+
+
+class Approvals:
+    """Pending approvals of this gateway."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._pending: dict[str, Pending] = {}
+
+    def pending(self) -> list[dict[str, Any]]:
+        return [p.public() for p in self._pending.values()]
+
+    def decide(self, approval_id: str, approve: bool, by: str) -> bool:
+        """Record a decision; False when there is no such pending approval (any more)."""
+        pending = self._pending.get(approval_id)
+        if pending is None or pending.decided.done():
+            return False
+        pending.decided.set_result((approve, by))
+        return True
+
+    async def hold(
+        self,
+        *,
+        agent: str,
+        run: str | None,
+        rule: str,
+        method: str,
+        target: str,
+        body: bytes | None,
+    ) -> str:
+        """Wait for a decision; return the approval id when approved, raise otherwise."""
+        if len(self._pending) >= MAX_PENDING:
+            raise ApprovalDenied("too many calls are waiting for approval", rule=rule)
+        approval_id = os.urandom(8).hex()
+        now = time.time()
+        preview = None
+        if body:
+            preview = body[:BODY_PREVIEW].decode("utf-8", "replace")
+        pending = Pending(
+            id=approval_id,
+            agent=agent,
+            run=run,
+            rule=rule,
+            method=method,
+            target=target,
+            body=preview,
+            created=now,
+            deadline=now + self.timeout,
+            decided=asyncio.get_running_loop().create_future(),
+        )
+        self._pending[approval_id] = pending
+        try:
+            approved, by = await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
+        except TimeoutError:
+            raise ApprovalTimeout(
+                f"nobody approved this call within {int(self.timeout)} s (approval {approval_id})",
+                rule=rule,
+            ) from None
+        finally:
+            self._pending.pop(approval_id, None)
+        if not approved:
+            raise ApprovalDenied(f"approval {approval_id} was declined by {by}", rule=rule)
+        return approval_id

@@ -1,0 +1,172 @@
+"""Held calls: approve, deny, time out; the admin API and its token; fail closed."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.admin import create_admin_app, read_admin_token
+from gateway.app import build_gateway, create_app
+from gateway.approvals import Approvals
+from gateway.config import Settings
+from gateway.errors import ApprovalDenied, ApprovalTimeout, ConfigError
+from mocks.demo import Workspace
+from tests.conftest import Mocks
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+def held_policy(policy_file: Path) -> Path:
+    text = policy_file.read_text()
+    anchor = "      - id: restart-service\n"
+    assert anchor in text
+    path = policy_file.with_name("held.yaml")
+    path.write_text(text.replace(anchor, anchor + "        approval: required\n"))
+    return path
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "admin.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(ADMIN_TOKEN + "\n")
+    return path
+
+
+@pytest.fixture
+async def held(
+    aiohttp_client: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    token_file: Path,
+    mocks: Mocks,
+) -> Any:
+    s = dataclasses.replace(
+        settings,
+        policy=held_policy(policy_file),
+        admin_port=0,
+        admin_token_file=token_file,
+        approval_timeout=1.0,
+    )
+    mocks.clear()
+    gw = build_gateway(s, workspace.environ())
+    client = await aiohttp_client(create_app(gw))
+    admin = await aiohttp_client(create_admin_app(gw.approvals, read_admin_token(token_file)))
+    return gw, client, admin
+
+
+async def restart(client: Any, workspace: Workspace) -> Any:
+    tok = workspace.token("sre-bot", ["sre-diagnostics"])
+    return await client.post(
+        "/services/services/restart",
+        json={"service": "web"},
+        headers={"Authorization": f"Bearer {tok}"},
+    )
+
+
+async def pending_one(admin: Any) -> dict[str, Any]:
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    for _ in range(100):
+        resp = await admin.get("/approvals", headers=auth)
+        pending = (await resp.json())["pending"]
+        if pending:
+            [one] = pending
+            return one
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing became pending")
+
+
+@pytest.mark.parametrize("verb", ["approve", "deny"])
+async def test_a_person_decides(held: Any, workspace: Workspace, mocks: Mocks, verb: str) -> None:
+    gw, client, admin = held
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin)
+    assert pending["agent"] == "sre-bot" and pending["rule"] == "restart-service"
+    assert pending["target"] == "/services/services/restart"
+    assert pending["body"] == '{"service": "web"}'
+    assert mocks.requests("services") == []  # held: nothing sent yet
+    resp = await admin.post(
+        f"/approvals/{pending['id']}/{verb}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert resp.status == 200
+    answer = await call
+    if verb == "approve":
+        assert answer.status == 200
+        assert await answer.json() == {"restarted": "web", "by": "sre-bot"}
+    else:
+        body = await answer.json(content_type="application/problem+json")
+        assert answer.status == 403 and body["reason"] == "approval_denied"
+        assert mocks.requests("services") == []
+
+
+async def test_nobody_decides(held: Any, workspace: Workspace, mocks: Mocks) -> None:
+    _, client, _ = held
+    answer = await restart(client, workspace)
+    body = await answer.json(content_type="application/problem+json")
+    assert answer.status == 408 and body["reason"] == "approval_timeout"
+    assert mocks.requests("services") == []
+
+
+async def test_admin_api_needs_its_token(held: Any, workspace: Workspace) -> None:
+    _, _, admin = held
+    for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN}):
+        resp = await admin.get("/approvals", headers=auth)
+        assert resp.status == 401
+    resp = await admin.post(
+        "/approvals/0123456789abcdef/approve", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert resp.status == 404
+
+
+def test_approval_rules_need_an_approver(
+    settings: Settings, workspace: Workspace, policy_file: Path
+) -> None:
+    s = dataclasses.replace(settings, policy=held_policy(policy_file))
+    with pytest.raises(ConfigError) as err:
+        build_gateway(s, workspace.environ())
+    assert "restart-service" in str(err.value) and "--admin-port" in str(err.value)
+
+
+def test_admin_token_file_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    path.write_text(ADMIN_TOKEN)
+    path.chmod(0o644)
+    with pytest.raises(ConfigError):
+        read_admin_token(path)
+    path.chmod(0o600)
+    assert read_admin_token(path) == ADMIN_TOKEN.encode()
+
+
+async def test_hold_unit() -> None:
+    approvals = Approvals(timeout=0.2)
+    with pytest.raises(ApprovalTimeout):
+        await approvals.hold(agent="a", run=None, rule="r", method="GET", target="/x", body=None)
+    task = asyncio.ensure_future(
+        approvals.hold(agent="a", run=None, rule="r", method="GET", target="/x", body=None)
+    )
+    await asyncio.sleep(0.01)
+    [pending] = approvals.pending()
+    assert approvals.decide(pending["id"], False, by="ops") is True
+    assert approvals.decide(pending["id"], True, by="ops") is False  # decided once
+    with pytest.raises(ApprovalDenied):
+        await task
+    assert approvals.pending() == []
+
+
+async def test_revocation_stops_a_held_call(held: Any, workspace: Workspace, mocks: Mocks) -> None:
+    gw, client, admin = held
+    call = asyncio.ensure_future(restart(client, workspace))
+    await pending_one(admin)
+    await gw.state.revoke("agent", "sre-bot")
+    answer = await call
+    body = await answer.json(content_type="application/problem+json")
+    assert answer.status == 401 and body["reason"] == "token_revoked"
+    assert gw.approvals.pending() == []
+    assert mocks.requests("services") == []

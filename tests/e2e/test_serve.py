@@ -197,3 +197,57 @@ def test_bad_setting_is_one_readable_error(workspace: Workspace, tmp_path: Path)
     assert proc.stderr.strip().splitlines() == [
         "capgate: error: --port has value 'abc'; expected an integer 0-65535"
     ]
+
+
+def test_approvals_through_the_admin_listener_and_cli(
+    workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    text = rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls)
+    anchor = "      - id: restart-service\n"
+    policy = tmp_path / "held.yaml"
+    policy.write_text(text.replace(anchor, anchor + "        approval: required\n"))
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("admin-token-0123456789abcdef\n")
+    token_file.chmod(0o600)
+    args = [*workspace.serve_args(0, tmp_path / "audit.jsonl", policy), "--admin-port", "0"]
+    args += ["--admin-token-file", str(token_file), "--approval-timeout", "20s"]
+    proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+    try:
+        served = Served(proc, ready, tmp_path / "audit.jsonl")
+        assert ready["admin"].startswith("http://127.0.0.1:")
+        sre = workspace.token("sre-bot", ["sre-diagnostics"])
+        result: dict[str, Any] = {}
+
+        def held_call() -> None:
+            result["value"] = served.call(
+                "/services/services/restart", sre, method="POST", body=b'{"service":"worker"}'
+            )
+
+        t = threading.Thread(target=held_call)
+        t.start()
+        cli = [sys.executable, "-m", "gateway", "approvals"]
+        admin = ["--admin", ready["admin"], "--token-file", str(token_file)]
+        pending: list[dict[str, Any]] = []
+        for _ in range(100):
+            out = subprocess.run([*cli, "list", *admin], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            pending = json.loads(out.stdout)["pending"]
+            if pending:
+                break
+            time.sleep(0.05)
+        [one] = pending
+        assert one["agent"] == "sre-bot" and one["rule"] == "restart-service"
+        out = subprocess.run(
+            [*cli, "approve", one["id"], *admin], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0, out.stderr
+        t.join(timeout=20)
+        assert result["value"] == (200, {"restarted": "worker", "by": "sre-bot"})
+        bad = subprocess.run(
+            [*cli, "approve", one["id"], *admin], capture_output=True, text=True, timeout=30
+        )
+        assert bad.returncode == 2 and "404" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        proc.communicate(timeout=10)

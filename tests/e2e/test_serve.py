@@ -251,3 +251,53 @@ def test_approvals_through_the_admin_listener_and_cli(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         proc.communicate(timeout=10)
+
+
+def test_example_policy_sql_and_mcp_through_capgate_serve(
+    workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """The example policy as served: real rows from SQLite, and the real MCP client."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client, MCPError
+    from mcp.client.streamable_http import streamable_http_client
+
+    audit = tmp_path / "audit.jsonl"
+    proc, ready = start_capgate(workspace.serve_args(0, audit), workspace.environ(), tmp_path)
+    try:
+        served = Served(proc, ready, audit)
+        analyst = workspace.token("analyst-bot", ["analyst"])
+        status, body = served.call(
+            "/db/query", analyst, method="POST",
+            body=b'{"sql": "SELECT id, total_cents FROM orders WHERE customer_id = 3"}',
+        )  # fmt: skip
+        assert status == 200 and len(body["rows"]) == 5  # LIMIT 1000 added, 5 real rows
+        before = mocks.stats("db")["queries_executed"]
+        status, body = served.call(
+            "/db/query", analyst, method="POST", body=b'{"sql": "SELECT ssn FROM customers"}'
+        )
+        assert status == 403 and body["reason"] == "sql_denied"
+        assert mocks.stats("db")["queries_executed"] == before
+
+        async def use_tools() -> tuple[list[str], str]:
+            tok = workspace.token("mcp-bot", ["order-support"])
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+            url = served.url + "/tools/mcp"
+            async with http, Client(streamable_http_client(url, http_client=http)) as mcp:
+                names = sorted(t.name for t in (await mcp.list_tools()).tools)
+                found = await mcp.call_tool("search_orders", {"customer_id": 3, "limit": 2})
+                assert not found.is_error
+                try:
+                    await mcp.call_tool("delete_order", {"order_id": 1})
+                except MCPError as err:
+                    return names, err.error.data["reason"]
+                return names, "allowed"
+
+        names, reason = asyncio.run(use_tools())
+        assert names == ["get_order", "run_sql", "search_orders"]
+        assert reason == "tool_denied"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        proc.communicate(timeout=10)

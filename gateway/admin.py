@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hmac
 import json
-import stat
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from gateway.approvals import Approvals
+from gateway.credentials import check_secret_file
 from gateway.errors import ConfigError
 
 ADMIN_APPROVALS: web.AppKey[Approvals] = web.AppKey("approvals")
@@ -28,12 +28,7 @@ ADMIN_TOKEN: web.AppKey[bytes] = web.AppKey("admin_token")
 def read_admin_token(path: Path) -> bytes:
     """The admin token from a file readable by its owner only."""
     try:
-        st = path.stat()
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                f"admin token file {str(path)!r} is readable by group or others "
-                f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
-            )
+        check_secret_file(path)
         token = path.read_text("utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"cannot read admin token file {str(path)!r}: {exc.strerror}") from exc

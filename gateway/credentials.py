@@ -66,7 +66,8 @@ class Injection:
     name: str  # a stable name for the secret, used by recordings: "<upstream>:<type>"
 
 
-def _check_file_mode(path: Path) -> None:
+def check_secret_file(path: Path) -> None:
+    """Refuse a secret that is not a regular file, or that group or others may read or write."""
     st = path.stat()
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"secret {str(path)!r} is not a regular file")
@@ -118,7 +119,7 @@ class CredentialStore:
                 path = self._path(c.secret[5:])
                 if not path.exists():
                     raise ConfigError(f"upstream {up.name!r}: secret file {str(path)!r} not found")
-                _check_file_mode(path)
+                check_secret_file(path)
 
     # -- resolution --------------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class CredentialStore:
         if cached is not None and now - cached[0] < FILE_RECHECK_SECONDS:
             return cached[1]
         try:
-            _check_file_mode(path)
+            check_secret_file(path)
             with path.open("rb") as fh:
                 raw = fh.read(MAX_SECRET_BYTES + 1)
         except FileNotFoundError:

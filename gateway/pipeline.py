@@ -50,9 +50,14 @@ async def decide(call: Call, gw: Gateway) -> None:
             await stage(call, gw)
     except GatewayError as exc:
         call.error = exc
-    except Exception as exc:  # a bug: deny the call, leak nothing
-        log.exception("internal error in request %s", call.request_id)
-        call.error = InternalError.wrap(exc)
+    except Exception as exc:
+        _deny_bug(call, exc)
+
+
+def _deny_bug(call: Call, exc: Exception) -> None:
+    """A bug: the traceback goes to the log, the call is denied, the agent learns nothing."""
+    log.exception("internal error in request %s", call.request_id)
+    call.error = InternalError.wrap(exc)
 
 
 async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
@@ -80,8 +85,7 @@ async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
             except GatewayError as exc:
                 call.error = exc
             except Exception as exc:
-                log.exception("internal error in request %s", call.request_id)
-                call.error = InternalError.wrap(exc)
+                _deny_bug(call, exc)
         return await respond(call, gw, request)
     except asyncio.CancelledError:
         # A revocation cancels the calls in flight of the revoked token, agent or run; the

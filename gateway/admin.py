@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.approvals import Approvals
-from gateway.credentials import check_secret_file
 from gateway.errors import ConfigError
+from gateway.secret_files import check_secret_file
 
 ADMIN_APPROVALS: web.AppKey[Approvals] = web.AppKey("approvals")
 ADMIN_TOKEN: web.AppKey[bytes] = web.AppKey("admin_token")

@@ -22,7 +22,8 @@ from aiohttp import web
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
-from gateway.audit_trail import AuditTrail
+from gateway.audit_record import BodyMac
+from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
 from gateway.config import Settings
 from gateway.credentials import CredentialStore
 from gateway.errors import ConfigError
@@ -56,6 +57,7 @@ class Gateway:
     credentials: CredentialStore
     transport: Transport
     audit: AuditTrail
+    mac: BodyMac = field(default_factory=lambda: BodyMac(None))
     mcp: Any = None
     telemetry: Telemetry = field(default_factory=lambda: Telemetry(None))
     approvals: Approvals = field(default_factory=lambda: Approvals(300.0))
@@ -141,8 +143,10 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         # Replay never reaches an upstream, so CI needs none of the real secrets: each
         # credential is a placeholder, recorded answers carry the same placeholder back.
         credentials = PlaceholderCredentials()  # type: ignore[assignment]
+    key_path = audit_key_path(settings.audit, settings.audit_key)
     gw = Gateway(
         settings=settings,
+        mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
         policy=policy,
         verifier=verifier,
         state=state,

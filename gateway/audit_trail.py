@@ -16,7 +16,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from gateway.errors import ConfigError
+from gateway.secret_files import check_secret_file
+
 GENESIS = "0" * 64
+AUDIT_KEY_BYTES = 32
+
+
+def audit_key_path(audit: Path | None, configured: Path | None) -> Path | None:
+    """Where the audit key lives: as configured, or beside the audit file."""
+    if configured is not None:
+        return configured
+    if audit is None:
+        return None
+    return audit.with_name(audit.name + ".key")
+
+
+def load_audit_key(path: Path) -> bytes:
+    """The audit key (hex text in a file only its owner may read), created when absent.
+
+    The key makes the body digests in audit lines keyed (HMAC): whoever holds it can tell
+    whether a given body is the one sent; whoever holds only the trail cannot guess bodies.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create audit key {str(path)!r}: {exc.strerror}") from exc
+    else:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(os.urandom(AUDIT_KEY_BYTES).hex() + "\n")
+    try:
+        check_secret_file(path)
+        text = path.read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read audit key {str(path)!r}: {exc}") from exc
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"audit key {str(path)!r} is not hex text") from None
+    if len(key) < 16:
+        raise ConfigError(f"audit key {str(path)!r} is shorter than 16 bytes")
+    return key
+
+
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 

@@ -13,6 +13,7 @@ from gateway.errors import GatewayError, PayloadTooLarge
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from gateway.audit_record import BodyDigest
     from gateway.credentials import Injection
     from gateway.policy.model import Match, Policy, Upstream
     from gateway.target import Target
@@ -50,6 +51,10 @@ class Call:
     revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
     state_error: GatewayError | None = None  # the state store could not answer (fail closed)
     streaming: bool = False  # the response's head was sent to the agent
+    approval: str | None = None  # the approval that let the call go on
+    state_error_allowed: bool = False  # the rule let the call on while state was unreachable
+    request_digest: BodyDigest | None = None  # a streamed body's size and keyed digest
+    response_digest: BodyDigest | None = None  # the response body's size and keyed digest
 
     @property
     def rule_id(self) -> str | None:

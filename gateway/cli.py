@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state", help="memory (default) or redis://host:port/db")
     s.add_argument("--audit", help="audit file (default capgate-audit.jsonl; '-' for none)")
     s.add_argument(
+        "--audit-key",
+        help="key file for the audit's keyed body digests (default: the audit file + '.key', "
+        "created 0600 when absent)",
+    )
+    s.add_argument(
         "--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials"
     )
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")

@@ -21,6 +21,7 @@ max_token_size         8192                 refuse larger tokens (bytes)
 upstream_key           (none)               private key for agent-jwt upstream credentials
 secrets_dir            policy file's dir    where relative ``file:`` secret references live
 audit                  capgate-audit.jsonl  audit file ("-" or "" for none)
+audit_key              <audit file>.key     key of the audit's body digests (made 0600 if absent)
 state                  memory               ``memory`` or ``redis://host:port/db``
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
@@ -58,6 +59,7 @@ class Settings:
     upstream_key: Path | None = None
     secrets_dir: Path | None = None
     audit: Path | None = Path("capgate-audit.jsonl")
+    audit_key: Path | None = None  # None: the audit file's name + ".key"
     state: str = "memory"
     mode: str = "live"
     recordings: Path | None = None
@@ -160,6 +162,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "upstream_key": _optional_path,
     "secrets_dir": _optional_path,
     "audit": _optional_path,
+    "audit_key": _optional_path,
     "state": _state,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,

@@ -19,7 +19,6 @@ held in ``Secret`` objects whose ``repr`` is masked, and are never put in an err
 from __future__ import annotations
 
 import re
-import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ import jwt
 
 from gateway.errors import ConfigError, InternalError
 from gateway.policy.model import Credentials, Policy
+from gateway.secret_files import check_secret_file
 from gateway.tokens import AGENT_ID, PrivateKey, algorithm_of, key_id
 
 ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
@@ -64,18 +64,6 @@ class Injection:
     value: Secret  # the whole header value, prefix included
     secret: Secret  # the bare secret, which must never reach the agent
     name: str  # a stable name for the secret, used by recordings: "<upstream>:<type>"
-
-
-def check_secret_file(path: Path) -> None:
-    """Refuse a secret that is not a regular file, or that group or others may read or write."""
-    st = path.stat()
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"secret {str(path)!r} is not a regular file")
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"secret file {str(path)!r} is readable or writable by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
-        )
 
 
 class CredentialStore:

@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gateway import __version__
 
 if TYPE_CHECKING:
+    from gateway.audit_record import AuditRecord
     from gateway.call import Call
 
 _ATTRIBUTES = (
@@ -77,19 +78,21 @@ class Telemetry:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def record(self, call: Call, record: dict[str, Any]) -> None:
-        """One span for the call that just ended; ``record`` is its audit line."""
+    def record(self, call: Call, audit: AuditRecord) -> None:
+        """One span for the call that just ended, from its audit record and nothing else."""
         if self._tracer is None:
             return
-        attributes = {name: record[key] for key, name in _ATTRIBUTES if record.get(key) is not None}
+        attributes = {
+            name: value for key, name in _ATTRIBUTES if (value := getattr(audit, key)) is not None
+        }
         span = self._tracer.start_span(
             f"capgate {call.method}",
             kind=SpanKind.SERVER,
             start_time=int(call.wall_started * 1e9),
             attributes=attributes,
         )
-        if record.get("decision") == "deny" or call.error is not None:
-            span.set_status(Status(StatusCode.ERROR, str(record.get("reason"))))
+        if audit.decision == "deny" or call.error is not None:
+            span.set_status(Status(StatusCode.ERROR, audit.reason))
         span.end()
 
     def flush(self) -> None:

@@ -238,6 +238,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "upstream_key": "k",
         "secrets_dir": "s",
         "audit": "a",
+        "audit_key": "a.key",
         "state": "memory",
         "shutdown_grace": "3s",
         "reload_interval": "2s",

@@ -17,7 +17,7 @@ async def approve(call: Call, gw: Gateway) -> None:
         return
     # While it waits, a revocation of its token, agent or run must still stop it.
     gw.inflight.add(call, asyncio.current_task())
-    approval_id = await gw.approvals.hold(
+    call.approval = await gw.approvals.hold(
         agent=call.claims.agent,
         run=call.claims.run,
         rule=rule.id,
@@ -25,4 +25,3 @@ async def approve(call: Call, gw: Gateway) -> None:
         target=call.raw_target.partition("?")[0],
         body=call.body,
     )
-    call.facts["approval"] = approval_id

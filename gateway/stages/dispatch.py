@@ -10,26 +10,32 @@ from gateway.transports.base import Body, UpstreamRequest
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.audit_record import BodyHasher
     from gateway.call import Call
 
 
 class _BodyLimit:
     """Streams the agent's body to the upstream, stopping at the upstream's size limit."""
 
-    def __init__(self, call: Call, limit: int) -> None:
+    def __init__(self, call: Call, limit: int, hasher: BodyHasher) -> None:
         self.call = call
         self.limit = limit
         self.exceeded = False
+        self.hasher = hasher
 
     async def chunks(self) -> AsyncIterator[bytes]:
         assert self.call.request is not None
         size = 0
-        async for chunk in self.call.request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > self.limit:
-                self.exceeded = True
-                raise PayloadTooLarge(f"the request body is larger than {self.limit} bytes")
-            yield chunk
+        try:
+            async for chunk in self.call.request.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > self.limit:
+                    self.exceeded = True
+                    raise PayloadTooLarge(f"the request body is larger than {self.limit} bytes")
+                self.hasher.update(chunk)
+                yield chunk
+        finally:
+            self.call.request_digest = self.hasher.result()
 
 
 async def dispatch(call: Call, gw: Gateway) -> None:
@@ -42,7 +48,7 @@ async def dispatch(call: Call, gw: Gateway) -> None:
         declared = call.request.content_length
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
-        streamer = _BodyLimit(call, limit)
+        streamer = _BodyLimit(call, limit, gw.mac.stream())
         body = streamer.chunks()
     request = UpstreamRequest(
         upstream=call.upstream,

@@ -37,4 +37,4 @@ async def match_policy(call: Call, gw: Gateway) -> None:
     if call.state_error is not None:
         if call.match.rule.on_state_error != "allow":
             raise call.state_error
-        call.facts["state_error_allowed"] = True
+        call.state_error_allowed = True

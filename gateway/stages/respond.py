@@ -27,6 +27,7 @@ from gateway.stages.inject import HOP_BY_HOP, connection_named
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.audit_record import BodyMac
     from gateway.call import Call
     from gateway.transports.base import UpstreamResponse
 
@@ -131,7 +132,7 @@ def _mask_headers(
 
 
 async def _respond_small(
-    call: Call, upstream: UpstreamResponse, drop: set[str], secret: bytes | None
+    call: Call, upstream: UpstreamResponse, drop: set[str], secret: bytes | None, mac: BodyMac
 ) -> web.StreamResponse:
     """A small body of declared length: read whole, masked, sent in one write."""
     try:
@@ -148,6 +149,7 @@ async def _respond_small(
     out.headers["X-Request-Id"] = call.request_id
     call.status = upstream.status
     call.response_bytes = len(body)
+    call.response_digest = mac.of(body)
     return out
 
 
@@ -187,13 +189,14 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
         and call.method != "HEAD"
         and upstream.status not in NO_BODY_STATUSES
     ):
-        return await _respond_small(call, upstream, drop | {"content-length"}, secret)
+        return await _respond_small(call, upstream, drop | {"content-length"}, secret, gw.mac)
 
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
     _mask_headers(upstream, out, drop, secret)
     out.headers["X-Request-Id"] = call.request_id
     call.status = upstream.status
     scrub = Scrubber(secret) if secret else None
+    hasher = gw.mac.stream()
     try:
         await out.prepare(request)
         call.streaming = True
@@ -201,9 +204,12 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
             if scrub is not None:
                 chunk = scrub.feed(chunk)
             if chunk:
+                hasher.update(chunk)
                 await out.write(chunk)
         if scrub is not None and scrub.tail:
-            await out.write(scrub.flush())
+            tail = scrub.flush()
+            hasher.update(tail)
+            await out.write(tail)
         await out.write_eof()
     except (GatewayError, ConnectionResetError) as exc:
         # Headers are already sent: cutting the connection is the only honest signal left.
@@ -215,5 +221,6 @@ async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.Stre
         if request.transport is not None:
             request.transport.close()
     finally:
+        call.response_digest = hasher.result()
         await upstream.close()
     return out

@@ -43,6 +43,6 @@ async def throttle(call: Call, gw: Gateway) -> None:
         )
     except StateUnavailable:
         if rule.on_state_error == "allow":
-            call.facts["state_error_allowed"] = True
+            call.state_error_allowed = True
             return
         raise

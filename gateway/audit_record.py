@@ -1,0 +1,177 @@
+"""The audit record: the closed set of facts about one ended call that may leave the gateway.
+
+The audit trail, the trace span and (later) the live event stream are all built from one
+``AuditRecord`` and from nothing else, so what they can say is decided here, once, by type.
+The record holds ids, names and decisions. It never holds a request or response body, a
+query value, a header value, SQL text or tool arguments: a body is represented by its size
+and a keyed digest (HMAC-SHA256 under the audit key), so someone holding the key can check
+that a given body was the one sent, while someone reading the trail cannot recover a short
+secret by guessing and hashing candidates (a plain hash of ``{"pin":"1234"}`` can be
+reversed that way).
+
+Strings the agent controls (tool names, query parameter names, the method) are kept only
+when they are short and made of a safe alphabet; anything else is written as ``~`` and a
+short keyed digest of it, which still lets two lines be correlated without the text.
+
+``AUDIT_RECORD_VERSION`` is written in every line as ``v``; fields are added, never renamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+AUDIT_RECORD_VERSION = 1
+MAX_PATH = 512  # characters of the path kept (the path is the policy's subject, never a value)
+MAX_NAMES = 32  # query parameter names / tool names kept per call
+MAX_LABEL = 128  # characters of one agent-controlled name
+# An agent-controlled name is written as it is only when it matches this.
+_SAFE_LABEL = re.compile(rf"[A-Za-z0-9_.:/@+-]{{1,{MAX_LABEL}}}")
+
+
+class BodyMac:
+    """Keyed digests of bodies and labels under the audit key (or sizes only, with no key)."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes | None) -> None:
+        self._key = key
+
+    @property
+    def keyed(self) -> bool:
+        return self._key is not None
+
+    def of(self, data: bytes) -> BodyDigest:
+        if self._key is None:
+            return BodyDigest(len(data), None)
+        return BodyDigest(len(data), hmac.digest(self._key, data, "sha256").hex())
+
+    def stream(self) -> BodyHasher:
+        return BodyHasher(hmac.new(self._key, digestmod=hashlib.sha256) if self._key else None)
+
+    def label(self, text: str) -> str:
+        """``text`` itself when it is a short safe name; otherwise ``~`` and a keyed digest."""
+        if _SAFE_LABEL.fullmatch(text):
+            return text
+        data = text.encode("utf-8", "surrogatepass")
+        if self._key is None:
+            return "~" + hashlib.sha256(b"capgate-label\x00" + data).hexdigest()[:16]
+        return "~" + hmac.digest(self._key, b"label\x00" + data, "sha256").hex()[:16]
+
+
+class BodyHasher:
+    """A body digest computed chunk by chunk, as the body streams through."""
+
+    __slots__ = ("_mac", "size")
+
+    def __init__(self, mac: Any) -> None:
+        self._mac = mac
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._mac is not None:
+            self._mac.update(chunk)
+
+    def result(self) -> BodyDigest:
+        return BodyDigest(self.size, self._mac.hexdigest() if self._mac is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyDigest:
+    size: int
+    hmac: str | None  # hex HMAC-SHA256 under the audit key; None when there is no key
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"size": self.size}
+        if self.hmac is not None:
+            out["hmac"] = self.hmac
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """What one call did and what was decided, in fields that can never hold a payload."""
+
+    time: str
+    request_id: str
+    agent: str | None
+    jti: str | None
+    run: str | None
+    upstream: str | None
+    method: str
+    path: str
+    query: tuple[str, ...]  # parameter names, in order; never their values
+    rule: str | None
+    decision: str  # allow | deny
+    reason: str  # "allowed" or a stable reason code
+    status: int | None
+    duration_ms: float
+    request_body: BodyDigest | None = None
+    response_body: BodyDigest | None = None
+    sql_kinds: tuple[str, ...] = ()
+    sql_tables: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    approval: str | None = None
+    state_error_allowed: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """The audit line's fields (the trail adds ``prev``)."""
+        out: dict[str, Any] = {
+            "v": AUDIT_RECORD_VERSION,
+            "time": self.time,
+            "request_id": self.request_id,
+            "agent": self.agent,
+            "jti": self.jti,
+            "run": self.run,
+            "upstream": self.upstream,
+            "method": self.method,
+            "path": self.path,
+            "rule": self.rule,
+            "decision": self.decision,
+            "reason": self.reason,
+            "status": self.status,
+            "duration_ms": self.duration_ms,
+        }
+        if self.query:
+            out["query"] = list(self.query)
+        if self.request_body is not None:
+            out["request_body"] = self.request_body.as_json()
+        if self.response_body is not None:
+            out["response_body"] = self.response_body.as_json()
+        if self.sql_kinds or self.sql_tables:
+            out["sql"] = {"kinds": list(self.sql_kinds), "tables": list(self.sql_tables)}
+        if self.tools:
+            out["tools"] = list(self.tools)
+        if self.approval is not None:
+            out["approval"] = self.approval
+        if self.state_error_allowed:
+            out["state_error_allowed"] = True
+        return out
+
+
+_second: list[Any] = [None, ""]  # (whole second, its formatted text): one strftime a second
+
+
+def timestamp(t: float) -> str:
+    whole = int(t)
+    if _second[0] != whole:
+        _second[0] = whole
+        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{_second[1]}.{int((t - whole) * 1000):03d}Z"
+
+
+def names(mac: BodyMac, items: Any) -> tuple[str, ...]:
+    """Agent-controlled names, deduplicated in order, capped in number and alphabet."""
+    out: list[str] = []
+    for item in items:
+        label = mac.label(item)
+        if label not in out:
+            out.append(label)
+            if len(out) >= MAX_NAMES:
+                break
+    return tuple(out)

@@ -1,0 +1,363 @@
+"""One test per security finding, named after it (the spirit of pyjwt's test_advisory.py).
+
+Each test reproduces the attack or leak as it was found against a running gateway, and
+fails if it comes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.app import build_gateway, create_app
+from gateway.config import load_settings
+from mocks.demo import Workspace
+from tests.conftest import Mocks
+
+MCP_ACCEPT = "application/json, text/event-stream"
+
+
+@pytest.fixture
+async def example(aiohttp_client: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Any:
+    """The example policy in-process, with the audit file and trace spans written to files."""
+    settings = load_settings(
+        {
+            "policy": str(workspace.policy),
+            "jwks": str(workspace.jwks),
+            "upstream_key": str(workspace.upstream_key),
+            "secrets_dir": str(workspace.secrets_dir),
+            "audit": str(tmp_path / "audit.jsonl"),
+            "traces": str(tmp_path / "spans.jsonl"),
+        },
+        {},
+    )
+    mocks.clear()
+    gw = build_gateway(settings, workspace.environ())
+    client = await aiohttp_client(create_app(gw))
+    client.gw = gw
+    client.audit_path = tmp_path / "audit.jsonl"
+    client.spans_path = tmp_path / "spans.jsonl"
+    return client
+
+
+def _written(client: Any) -> tuple[bytes, bytes]:
+    client.gw.audit.flush()
+    client.gw.telemetry.flush()
+    return client.audit_path.read_bytes(), client.spans_path.read_bytes()
+
+
+async def _answers(resp: Any) -> Any:
+    """The JSON-RPC answer(s) of an MCP POST, sent as JSON or as server-sent events."""
+    text = await resp.text()
+    if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+        found = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        return found if len(found) != 1 else found[0]
+    return json.loads(text)
+
+
+async def _mcp_session(client: Any, token: str) -> dict[str, str]:
+    """Headers of an initialized MCP session through the gateway."""
+    headers = {"Authorization": f"Bearer {token}", "Accept": MCP_ACCEPT}
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json={
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "advisory-test", "version": "1"},
+            },
+        },
+    )
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
+    headers["Mcp-Protocol-Version"] = "2025-06-18"
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+    )
+    assert resp.status in (200, 202), await resp.text()
+    return headers
+
+
+def _rpc(msg_id: int, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
+
+
+async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_arguments(
+    example: Any, workspace: Workspace, mocks: Mocks, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CG-2026-01: ``Call.facts`` was written whole into the audit line, so a denied call's
+    body (``{"db_password": ...}``), SQL text and MCP tool arguments were in the trail, and a
+    900 KB body made a 900 KB line. The audit line, the trace span and the logs may hold ids,
+    names and decisions only."""
+    caplog.set_level(logging.DEBUG)
+    secrets = {
+        name: f"s3cr3t-{name}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+        for name in (
+            "body",
+            "body-allowed",
+            "query",
+            "query-value",
+            "header",
+            "sql-allowed",
+            "sql-denied",
+            "tool-allowed",
+            "tool-denied",
+            "batch-1",
+            "batch-2",
+            "batch-3",
+            "big",
+        )
+    }
+    sre = workspace.token("sre-bot", ["sre-diagnostics"])
+    analyst = workspace.token("analyst-bot", ["analyst"])
+    support = workspace.token("mcp-bot", ["order-support"])
+    auth = lambda tok: {"Authorization": f"Bearer {tok}"}  # noqa: E731
+
+    async def status(resp: Any) -> int:
+        await resp.read()
+        return int(resp.status)
+
+    c = example
+    # Bodies: a denied restart carrying a password, an allowed one with a secret header.
+    assert (
+        await status(
+            await c.post(
+                "/services/services/restart",
+                headers=auth(sre),
+                json={"service": "web", "db_password": secrets["body"]},
+            )
+        )
+        == 400
+    )
+    assert (
+        await status(
+            await c.post(
+                "/services/services/restart",
+                headers={**auth(sre), "X-Leak": secrets["header"]},
+                json={"service": "web"},
+            )
+        )
+        == 200
+    )
+    # A body the rule never reads (no rule for this role).
+    assert (
+        await status(
+            await c.post(
+                "/services/services/restart",
+                headers=auth(analyst),
+                json={"service": secrets["body-allowed"]},
+            )
+        )
+        == 403
+    )
+    # Query values, denied and allowed-shaped.
+    assert (
+        await status(
+            await c.get(
+                f"/metrics/metrics/cpu?window=5m&token={secrets['query']}", headers=auth(sre)
+            )
+        )
+        == 400
+    )
+    assert (
+        await status(
+            await c.get(f"/metrics/metrics/cpu?window={secrets['query-value']}", headers=auth(sre))
+        )
+        == 400
+    )
+    # SQL: allowed with a secret literal, and denied.
+    assert (
+        await status(
+            await c.post(
+                "/db/query",
+                headers=auth(analyst),
+                json={
+                    "sql": f"SELECT id FROM orders WHERE status = '{secrets['sql-allowed']}' "
+                    "LIMIT 5"
+                },
+            )
+        )
+        == 200
+    )
+    assert (
+        await status(
+            await c.post(
+                "/db/query",
+                headers=auth(analyst),
+                json={"sql": f"SELECT ssn FROM customers WHERE name = '{secrets['sql-denied']}'"},
+            )
+        )
+        == 403
+    )
+    # MCP tool arguments: allowed, denied, and batched.
+    mcp = await _mcp_session(c, support)
+    sql_arg = f"SELECT id FROM orders WHERE status = '{secrets['tool-allowed']}'"
+    resp = await c.post("/tools/mcp", headers=mcp, json=_rpc(1, "run_sql", {"sql": sql_arg}))
+    assert resp.status == 200 and "error" not in await _answers(resp)
+    resp = await c.post(
+        "/tools/mcp",
+        headers=mcp,
+        json=_rpc(2, "get_order", {"order_id": 1, "note": secrets["tool-denied"]}),
+    )
+    assert (await _answers(resp))["error"]["data"]["reason"] == "tool_denied"
+    resp = await c.post(
+        "/tools/mcp",
+        headers=mcp,
+        json=[
+            _rpc(3, "get_order", {"order_id": 1}),
+            _rpc(4, "run_sql", {"sql": f"SELECT name, ssn FROM customers -- {secrets['batch-1']}"}),
+            _rpc(5, "run_sql", {"sql": f"UPDATE orders SET status = '{secrets['batch-2']}'"}),
+        ],
+    )
+    assert all("error" in a for a in await _answers(resp))
+    resp = await c.post(
+        "/tools/mcp",
+        headers=mcp,
+        json=[
+            {"jsonrpc": "2.0", "id": 6, "method": "ping"},
+            _rpc(7, "search_orders", {"customer_id": 1, "q": secrets["batch-3"]}),
+        ],
+    )
+    answers = await _answers(resp)
+    assert all("error" in a for a in (answers if isinstance(answers, list) else [answers]))
+    # A large body: refused, and the line stays small.
+    big = json.dumps({"sql": "SELECT 1 -- " + secrets["big"] * 20_000})
+    assert (
+        await status(
+            await c.post(
+                "/db/query", headers={**auth(analyst), "Content-Type": "application/json"}, data=big
+            )
+        )
+        == 413
+    )
+
+    audit, spans = _written(c)
+    lines = [json.loads(line) for line in audit.splitlines()]
+    assert len(lines) == 14
+    # aiohttp's access log belongs to the test server; `capgate serve` runs without one.
+    logs = "\n".join(r.getMessage() for r in caplog.records if r.name != "aiohttp.access").encode()
+    forbidden = [s.encode() for s in secrets.values()] + [
+        sre.encode(),
+        analyst.encode(),
+        support.encode(),
+        workspace.metrics_token.encode(),
+        workspace.db_tokens["analyst-bot"].encode(),
+        b"SELECT",
+        b"UPDATE",
+        b"arguments",
+        b"ssn",
+    ]
+    for needle in forbidden:
+        assert needle not in audit, needle
+        assert needle not in spans, needle
+        assert needle not in logs, needle
+    assert max(len(line) for line in audit.splitlines()) < 2048
+    # Only the closed record's fields, in every line.
+    closed = {
+        "v",
+        "time",
+        "request_id",
+        "agent",
+        "jti",
+        "run",
+        "upstream",
+        "method",
+        "path",
+        "query",
+        "rule",
+        "decision",
+        "reason",
+        "status",
+        "duration_ms",
+        "request_body",
+        "response_body",
+        "sql",
+        "tools",
+        "approval",
+        "state_error_allowed",
+        "prev",
+    }
+    for line in lines:
+        assert set(line) <= closed, set(line) - closed
+    # Query parameter names are kept, their values never.
+    assert lines[3]["query"] == ["window", "token"]
+    # The allowed SQL call is described by kinds and tables, and its body by a keyed digest.
+    allowed_sql = lines[5]
+    assert allowed_sql["sql"] == {"kinds": ["select"], "tables": ["orders"]}
+    digest = allowed_sql["request_body"]
+    assert digest["size"] > 0 and len(digest["hmac"]) == 64
+    assert allowed_sql["response_body"]["size"] > 0
+    # The allowed MCP tool call names its tool, and its SQL by kinds and tables only.
+    run_sql = lines[9]
+    assert (run_sql["decision"], run_sql["tools"]) == ("allow", ["run_sql"])
+    assert run_sql["sql"] == {"kinds": ["select"], "tables": ["orders"]}
+    assert lines[11]["decision"] == "deny" and lines[11]["tools"] == ["get_order", "run_sql"]
+
+
+async def test_audit_body_digest_is_keyed_not_a_plain_hash(
+    example: Any, workspace: Workspace
+) -> None:
+    """CG-2026-01 (digests): a plain SHA-256 of a short body can be reversed by guessing, so
+    the digest is an HMAC under the audit key, which lives in a 0600 file beside the trail."""
+    body = b'{"service":"web"}'
+    resp = await example.post(
+        "/services/services/restart",
+        headers={
+            "Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'])}",
+            "Content-Type": "application/json",
+        },
+        data=body,
+    )
+    assert resp.status == 200
+    audit, _ = _written(example)
+    line = json.loads(audit.splitlines()[-1])
+    assert line["request_body"]["size"] == len(body)
+    assert line["request_body"]["hmac"] != hashlib.sha256(body).hexdigest()
+    key_file = example.audit_path.with_name(example.audit_path.name + ".key")
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    import hmac
+
+    key = bytes.fromhex(key_file.read_text().strip())
+    assert line["request_body"]["hmac"] == hmac.new(key, body, "sha256").hexdigest()
+
+
+async def test_mcp_batch_cannot_smuggle_unchecked_tool_calls(
+    example: Any, workspace: Workspace, mocks: Mocks
+) -> None:
+    """CG-2026-02: in a JSON-RPC batch only the first distinct tool was checked, so later
+    messages skipped their argument schema, SQL check, rate limit and quota (``SELECT name,
+    ssn FROM customers`` and an ``UPDATE`` ran behind an allowed ``get_order``). No message of
+    a batch may reach the server unchecked."""
+    headers = await _mcp_session(example, workspace.token("mcp-bot", ["order-support"]))
+    before = dict(mocks.stats("mcp")["tool_calls"])
+    resp = await example.post(
+        "/tools/mcp",
+        headers=headers,
+        json=[
+            _rpc(1, "get_order", {"order_id": 1}),
+            _rpc(2, "run_sql", {"sql": "SELECT name, ssn FROM customers"}),
+            _rpc(3, "run_sql", {"sql": "UPDATE orders SET status = 'x'"}),
+        ],
+    )
+    answers = await _answers(resp)
+    assert sorted(a["id"] for a in answers) == [1, 2, 3]
+    assert all(a["error"]["data"]["reason"] in ("tool_denied", "sql_denied") for a in answers)
+    assert dict(mocks.stats("mcp")["tool_calls"]) == before
+    assert not [r for r in mocks.requests("mcp") if "ssn" in r.get("body", "")]

@@ -34,7 +34,7 @@ from gateway.policy.source import Node
 
 if TYPE_CHECKING:
     from gateway.call import Call
-    from gateway.policy.model import Rule, Upstream
+    from gateway.policy.model import Upstream
 
 # Protocol methods that carry no tool call: the handshake (initialize, or server/discover in
 # the 2026-07-28 protocol), liveness, and the tool listing (filtered on the way back).
@@ -114,23 +114,14 @@ class McpGate:
                 raise ToolDenied(f"the MCP method {msg.method!r} is not allowed by the policy")
         _check_routing_headers(call, messages, batch)
         tools = [m.tool for m in messages if m.tool is not None]
-        if len(set(tools)) > 1:
-            # Each tool needs its own rule: check all of them, keep the first as the call's.
-            assert call.claims is not None and call.target is not None and call.policy
-            for name in tools[1:]:
-                self._match_tool(call, name)
+        if len(tools) > 1:
+            # SECURITY: a batch of tool calls was checked, limited and counted as its first
+            # tool only; until every message is governed on its own, such a batch is refused.
+            raise ToolDenied(
+                f"a JSON-RPC batch may carry at most one tools/call (this one has {len(tools)})"
+            )
         if tools:
             call.tool = tools[0]
-
-    def _match_tool(self, call: Call, tool: str) -> Rule:
-        assert call.claims is not None and call.target is not None and call.policy is not None
-        try:
-            match = call.policy.match(
-                call.claims.roles, call.claims.caps, call.target, call.method, call.headers, tool
-            )
-        except GatewayError as exc:
-            raise ToolDenied(exc.detail) from exc
-        return match.rule
 
     def allowed_tools(self, call: Call) -> set[str]:
         assert call.claims is not None and call.policy is not None and call.target is not None

@@ -1,11 +1,21 @@
 """Fallback load generator for when ``wrk`` is not installed (asyncio + raw sockets).
 
     python -m bench.loadgen --url http://127.0.0.1:PORT/path -c 32 -d 5 [-H 'Name: value']...
+                            [--method POST] [--body-file FILE]
+                            [--auth-file FILE] [--body-prefix-file F --body-suffix-file F
+                                                --seq-start N]
 
-N workers, each with one keep-alive HTTP/1.1 connection, send GETs back to back for the
+N workers, each with one keep-alive HTTP/1.1 connection, send requests back to back for the
 duration and record each request's latency. Prints one JSON object: requests, seconds,
-rps, p50_ms, p99_ms, non2xx, errors. Being Python on one core, it saturates well before wrk
-does, so its req/s at high connection counts is a floor for the server, not a ceiling.
+rps, p50_ms, p99_ms, non2xx, errors, seq_next. Being Python on one core, it saturates well
+before wrk does, so its req/s at high connection counts is a floor for the server, not a
+ceiling.
+
+``--auth-file``: one ``Authorization`` value per line; the requests take them in turn
+(round-robin over all workers), so consecutive requests carry different tokens.
+``--body-prefix-file``/``--body-suffix-file``: every request's body is
+``prefix + str(n) + suffix`` with ``n`` counting up from ``--seq-start``, so no two requests
+carry the same body; ``seq_next`` in the output is the first ``n`` not used.
 """
 
 from __future__ import annotations
@@ -50,10 +60,53 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
+class Requests:
+    """Builds each request's bytes: a fixed one, or one that varies per request (the
+    ``Authorization`` header taken in turn from a list, a body with a counter in it)."""
+
+    def __init__(
+        self,
+        head: list[str],
+        auths: list[str],
+        body: bytes | None = None,
+        body_seq: tuple[bytes, bytes, int] | None = None,
+    ) -> None:
+        self.head = head  # request line and headers, without Authorization or Content-Length
+        self.auths = auths
+        self.body = body
+        self.prefix, self.suffix, self.seq = body_seq if body_seq else (b"", b"", 0)
+        self.sequenced = body_seq is not None
+        self.turn = 0
+        self._heads = [self._head(a) for a in auths] or [self._head(None)]
+        fixed = len(self._heads) == 1 and not self.sequenced
+        self._fixed = self._heads[0] + self._tail(body) if fixed else None
+
+    def _head(self, auth: str | None) -> bytes:
+        lines = [*self.head, *([f"Authorization: {auth}"] if auth is not None else [])]
+        return ("\r\n".join(lines) + "\r\n").encode()
+
+    @staticmethod
+    def _tail(body: bytes | None) -> bytes:
+        if body is None:
+            return b"\r\n"
+        return f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+    def next(self) -> bytes:
+        if self._fixed is not None:
+            return self._fixed
+        head = self._heads[self.turn % len(self._heads)]
+        self.turn += 1
+        if not self.sequenced:
+            return head + self._tail(self.body)
+        body = self.prefix + str(self.seq).encode() + self.suffix
+        self.seq += 1
+        return head + self._tail(body)
+
+
 async def _worker(
     host: str,
     port: int,
-    request: bytes,
+    requests: Requests,
     deadline: float,
     latencies: list[float],
     counts: dict[str, int],
@@ -61,6 +114,7 @@ async def _worker(
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline:
+            request = requests.next()
             t0 = time.perf_counter()
             writer.write(request)
             try:
@@ -84,6 +138,8 @@ async def run(
     headers: list[str],
     method: str = "GET",
     body: bytes | None = None,
+    auths: list[str] | None = None,
+    body_seq: tuple[bytes, bytes, int] | None = None,
 ) -> dict[str, float]:
     u = URL(url)
     if u.host not in ("127.0.0.1", "localhost"):
@@ -91,16 +147,14 @@ async def run(
     target = u.raw_path_qs or "/"
     lines = [f"{method} {target} HTTP/1.1", f"Host: {u.host}:{u.port}", "Connection: keep-alive"]
     lines += headers
-    if body is not None:
-        lines.append(f"Content-Length: {len(body)}")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+    requests = Requests(lines, auths or [], body, body_seq)
     latencies: list[float] = []
     counts = {"non2xx": 0, "errors": 0}
     started = time.perf_counter()
     deadline = started + duration
     await asyncio.gather(
         *(
-            _worker(u.host or "127.0.0.1", u.port or 80, request, deadline, latencies, counts)
+            _worker(u.host or "127.0.0.1", u.port or 80, requests, deadline, latencies, counts)
             for _ in range(connections)
         )
     )
@@ -114,6 +168,7 @@ async def run(
         "p99_ms": percentile(latencies, 99) * 1000,
         "non2xx": counts["non2xx"],
         "errors": counts["errors"],
+        "seq_next": requests.seq,
     }
 
 
@@ -125,10 +180,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-H", "--header", action="append", default=[])
     p.add_argument("--method", default="GET")
     p.add_argument("--body-file", type=Path)
+    p.add_argument("--auth-file", type=Path, help="Authorization values, one a line, in turn")
+    p.add_argument("--body-prefix-file", type=Path, help="body before the counter")
+    p.add_argument("--body-suffix-file", type=Path, help="body after the counter")
+    p.add_argument("--seq-start", type=int, default=1, help="the counter's first value")
     args = p.parse_args(argv)
     body = args.body_file.read_bytes() if args.body_file else None
+    auths = args.auth_file.read_text().splitlines() if args.auth_file else []
+    body_seq = None
+    if args.body_prefix_file or args.body_suffix_file:
+        if body is not None or not (args.body_prefix_file and args.body_suffix_file):
+            p.error("--body-prefix-file and --body-suffix-file go together, without --body-file")
+        prefix, suffix = args.body_prefix_file.read_bytes(), args.body_suffix_file.read_bytes()
+        body_seq = (prefix, suffix, args.seq_start)
     result = asyncio.run(
-        run(args.url, args.connections, args.duration, args.header, args.method, body)
+        run(
+            args.url,
+            args.connections,
+            args.duration,
+            args.header,
+            args.method,
+            body,
+            [a for a in auths if a],
+            body_seq,
+        )
     )
     print(json.dumps(result))
     return 0

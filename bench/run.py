@@ -11,14 +11,33 @@ One run starts, each in its own process and on 127.0.0.1 only:
 - ``bench.bare_proxy``: a bare aiohttp pass-through proxy, no checks; the ceiling for a Python
   proxy on this stack;
 - ``python -m gateway serve``, once per capgate scenario (``SCENARIOS`` below): the default
-  one has a 50-rule policy, token verification, a bearer credential injected from the
-  environment, and the audit file on.
+  one (``capgate``, the HTTP rule) has a 50-rule policy, token verification, a bearer
+  credential injected from the environment, and the audit file on. Others add a SQL check
+  (``capgate+sql``: one SQL text, cached after the first call; ``capgate+sql-unique``: a new
+  SQL text on every call, so the parse and verdict caches never serve one), 64 agents'
+  tokens taken in turn (``capgate+64-agents``: the verified-token cache holds 64 entries and
+  no single one serves every call), Redis state and a rate limit.
 
 Then for each target (direct, bare proxy, each capgate scenario) and each connection count it
 runs ``wrk`` (1 s warm-up, then the measurement), and prints req/s, p50 and p99 and the
 ratios the product cares about. With two or more CPUs and ``taskset``, the server under test
 is pinned to the first CPU, and wrk and the upstream to the second. Without wrk, a Python
-load generator (``bench.loadgen``) stands in, and the output says so.
+load generator (``bench.loadgen``) stands in, and the output says so. Requests that vary
+(the token of each call, a counter in the body) go through a generated wrk Lua script in
+the bench's temp dir, or the Python load generator's ``--auth-file``/``--body-*-file``.
+
+For each capgate process it also records the time to ready (from starting the process to
+its ``capgate <version> listening {...}`` line on stdout, polled every 5 ms) and its resident
+memory (``VmRSS``) once idle after start, before any call, and again after its last
+measurement, with the peak (``VmHWM``).
+
+The output ends with the targets the product holds itself to (``TARGET_*`` below), each
+PASS or FAIL (or "not measured", e.g. when ``--connections`` leaves out 32), measured on the
+``capgate`` scenario: req/s >= 75% of the bare proxy's at 32 connections, p50 at most
+0.3 ms above the bare proxy's at 1 connection; then its idle memory and time to ready, which
+are reported against a limit once one is set (``TARGET_IDLE_RSS_MIB``, ``TARGET_READY_S``).
+A FAIL does not change the exit status; ``--json`` writes all of it (``targets``,
+``processes``) with the raw results.
 
 On a machine shared with other work the numbers are noisy: the "srv CPU" columns say whether
 the server under test had its CPU (~100% at 32 connections), and its CPU time per request is
@@ -26,8 +45,10 @@ a steadier basis for comparison than req/s. ``--nice -10`` (root) puts the bench
 ahead of the other work.
 
 A capgate scenario is one ``Scenario`` entry: a name, a policy generator, extra serve
-arguments, the path to call, the token's roles, and an optional ``setup`` hook that may start
-more processes (e.g. a redis-server) through ``ctx.procs``; add one to ``SCENARIOS``.
+arguments, the path to call, the token's roles and agents (one token per agent, taken in
+turn), the body (fixed, or a template whose ``{n}`` counts up so no two calls repeat it),
+and an optional ``setup`` hook that may start more processes (e.g. a redis-server) through
+``ctx.procs``; add one to ``SCENARIOS``.
 """
 
 from __future__ import annotations
@@ -36,6 +57,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -63,9 +85,24 @@ UPSTREAM_PATH = "/metrics/cpu?window=5m"  # what direct and bare-proxy calls ask
 WARMUP_SECONDS = 1
 READY_TIMEOUT = 30.0
 
-# Targets the product cares about (reported PASS/MISS; a MISS does not fail the run).
-TARGET_THROUGHPUT_PCT = 60.0  # capgate req/s as % of the bare proxy, at the most connections
-TARGET_ADDED_P50_MS = 0.3  # capgate p50 minus bare proxy p50, at the fewest connections
+IDLE_SETTLE_SECONDS = 0.5  # after the ready line (or the last measurement), before reading RSS
+READY_POLL_SECONDS = 0.005  # how often the ready line is looked for: time-to-ready resolution
+
+# The targets the product holds itself to, measured on TARGET_SCENARIO (the HTTP rule) and
+# reported PASS/FAIL; a FAIL does not change the bench's exit status.
+TARGET_SCENARIO = "capgate"
+TARGET_THROUGHPUT_PCT = 75.0  # its req/s as % of the bare proxy's ...
+TARGET_THROUGHPUT_CONNS = 32  # ... at this many connections
+TARGET_ADDED_P50_MS = 0.3  # its p50 minus the bare proxy's p50 ...
+TARGET_ADDED_P50_CONNS = 1  # ... at this many connections
+# Reported with every run; None: no limit set yet, the figure is shown without a verdict.
+TARGET_IDLE_RSS_MIB: float | None = None  # RSS after start, before load
+TARGET_AFTER_RUN_RSS_MIB: float | None = None  # RSS after the last measurement, idle again
+TARGET_READY_S: float | None = None  # process start to the ready line
+
+# The agents of the 64-token scenario: the one place their names come from (tokens, and the
+# policy once it has to declare agents: see ``policy_64_agents``).
+BENCH_AGENTS: tuple[str, ...] = tuple(f"bench-agent-{i:02d}" for i in range(64))
 
 
 class BenchError(Exception):
@@ -91,6 +128,8 @@ class Proc:
     stdout: Path
     stderr: Path
     files: tuple[IO[bytes], ...]
+    started_at: float = 0.0  # time.monotonic() just before the process was started
+    ready_s: float | None = None  # from started_at to its ready line being seen
 
     @property
     def pid(self) -> int:
@@ -126,6 +165,7 @@ class Processes:
         out_path = self.logs / f"{name}.out"
         err_path = self.logs / f"{name}.err"
         out, err = out_path.open("wb"), err_path.open("wb")
+        started_at = time.monotonic()
         popen = subprocess.Popen(
             [*prefix, *argv],
             stdin=subprocess.DEVNULL,
@@ -135,21 +175,24 @@ class Processes:
             cwd=ROOT,
             preexec_fn=_PREEXEC,
         )
-        proc = Proc(name, popen, out_path, err_path, (out, err))
+        proc = Proc(name, popen, out_path, err_path, (out, err), started_at)
         self.items.append(proc)
         if ready is None:
             return proc, {}
-        deadline = time.monotonic() + timeout
+        deadline = started_at + timeout
         while time.monotonic() < deadline:
-            for line in out_path.read_text(errors="replace").splitlines():
+            text = out_path.read_text(errors="replace")
+            seen = time.monotonic()  # a line in ``text`` was written before this
+            for line in text.splitlines():
                 if line.startswith(ready + " ") and " listening " in line:
+                    proc.ready_s = seen - started_at
                     return proc, json.loads(line.split(" listening ", 1)[1])
             if popen.poll() is not None:
                 raise BenchError(
                     f"{name} exited with status {popen.returncode} before it was ready:\n"
                     f"{proc.stderr_tail()}"
                 )
-            time.sleep(0.02)
+            time.sleep(READY_POLL_SECONDS)
         raise BenchError(f"{name} was not ready after {timeout:.0f}s:\n{proc.stderr_tail()}")
 
     def check_alive(self) -> None:
@@ -267,13 +310,18 @@ class Scenario:
     policy: Callable[[Context], str]  # the policy YAML text
     path: str  # what the agent calls on capgate: /<upstream>/<path>?<query>
     roles: tuple[str, ...] = ("sre-diagnostics",)
-    agent: str = "bench-bot"
+    # One token per agent (all with ``roles``); with several, the calls take them in turn.
+    agents: tuple[str, ...] = ("bench-bot",)
     method: str = "GET"
     body: bytes | None = None
+    # Instead of ``body``: a text whose SEQ_MARK becomes a number counting up per call, never
+    # repeated within a run (e.g. a SQL text no cache has seen).
+    body_template: str | None = None
     content_type: str | None = None
     serve_args: Callable[[Context], list[str]] = lambda ctx: []
     env: Callable[[Context], dict[str, str]] = lambda ctx: {}
     setup: Callable[[Context], None] | None = None  # e.g. start a redis-server via ctx.procs
+    baseline: str | None = None  # a scenario this one is compared with (info lines)
     expect_body: bytes | None = UPSTREAM_BODY  # checked once before measuring; None: any 2xx
 
 
@@ -402,6 +450,17 @@ def policy_50_rules(ctx: Context) -> str:
     return "\n".join(out) + "\n"
 
 
+def policy_64_agents(ctx: Context) -> str:
+    """The 50-rule policy for the agents in ``BENCH_AGENTS``.
+
+    Today the policy does not name agents: any agent whose token is valid and carries the
+    role passes, so this is ``policy_50_rules`` plus a comment. If the policy comes to declare
+    its agents, generate that section here from ``BENCH_AGENTS``.
+    """
+    first, last, count = BENCH_AGENTS[0], BENCH_AGENTS[-1], len(BENCH_AGENTS)
+    return f"# Agents: {first} .. {last} ({count}; BENCH_AGENTS).\n" + policy_50_rules(ctx)
+
+
 def policy_50_rules_rated(ctx: Context) -> str:
     """The 50-rule policy with a rate on ``read-cpu`` high enough never to refuse: every call
     then takes one unit from the limiter (a Redis round trip on the redis backend)."""
@@ -418,6 +477,16 @@ SQL_QUERY = (
     "SELECT c.name, count(*) AS n, sum(r.total_cents) AS total FROM recent r "
     "JOIN customers c ON c.id = r.customer_id GROUP BY c.name ORDER BY total DESC LIMIT 50"
 )
+
+
+SEQ_MARK = "{n}"  # in Scenario.body_template: replaced by the call's number
+# SQL_QUERY with one more condition on a number that changes per call: same statement shape,
+# tables, columns and length (~295 characters), but a text the caches have never seen.
+SQL_QUERY_UNIQUE = SQL_QUERY.replace(
+    "o.created_at >= '2024-01-01')", f"o.created_at >= '2024-01-01' AND o.id > {SEQ_MARK})"
+)
+if SQL_QUERY_UNIQUE == SQL_QUERY or SQL_QUERY_UNIQUE.count(SEQ_MARK) != 1:
+    raise AssertionError("SQL_QUERY_UNIQUE: the anchor in SQL_QUERY has moved")
 
 
 def policy_50_rules_sql(ctx: Context) -> str:
@@ -511,6 +580,28 @@ SCENARIOS: list[Scenario] = [
         content_type="application/json",
     ),
     Scenario(
+        name="capgate+sql-unique",
+        description="as 'capgate+sql', but every call's SQL text is new (`o.id > <n>`, n"
+        " counting up): parsed and checked each time, no cache serves it",
+        policy=policy_50_rules_sql,
+        path="/db/query",
+        roles=("sql-analyst",),
+        method="POST",
+        body_template=json.dumps({"sql": SQL_QUERY_UNIQUE}),
+        content_type="application/json",
+        baseline="capgate+sql",
+    ),
+    Scenario(
+        name="capgate+64-agents",
+        description=f"as 'capgate', with {len(BENCH_AGENTS)} agents' tokens taken in turn"
+        " (one verified-token cache entry each, none serving every call)",
+        policy=policy_64_agents,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        agents=BENCH_AGENTS,
+        baseline="capgate",
+    ),
+    Scenario(
         name="capgate+redis",
         description="as 'capgate', with --state redis:// (revocation mirror: no round trip)",
         policy=policy_50_rules,
@@ -542,16 +633,44 @@ SCENARIOS: list[Scenario] = [
 
 
 @dataclass
+class BodySequence:
+    """Bodies ``prefix + n + suffix`` with ``n`` counting up: each one is sent once."""
+
+    prefix: bytes
+    suffix: bytes
+    next: int = 1  # the next n to send; the load generators report where they stopped
+
+    @classmethod
+    def from_template(cls, template: str) -> BodySequence:
+        if template.count(SEQ_MARK) != 1:
+            raise BenchError(f"a body template needs {SEQ_MARK} exactly once: {template!r}")
+        before, _, after = template.partition(SEQ_MARK)
+        return cls(before.encode(), after.encode())
+
+    def take(self) -> bytes:
+        body = self.prefix + str(self.next).encode() + self.suffix
+        self.next += 1
+        return body
+
+
+@dataclass
 class Target:
     name: str
     kind: str  # direct | bare | capgate
     url: str  # the whole URL wrk calls
-    authorization: str  # the Authorization header value sent by the load generator
+    # The Authorization header values sent by the load generator; several: taken in turn.
+    authorizations: tuple[str, ...]
     pid: int
     method: str = "GET"
     body: bytes | None = None
+    body_seq: BodySequence | None = None  # instead of body: a new body per request
     content_type: str | None = None
     expect_body: bytes | None = UPSTREAM_BODY
+
+    @property
+    def varies(self) -> bool:
+        """Whether requests differ from one another (so wrk needs a ``request()`` function)."""
+        return len(self.authorizations) > 1 or self.body_seq is not None
 
 
 @dataclass
@@ -568,6 +687,32 @@ class Result:
     tool: str
     server_cpu_pct: float | None = None  # CPU the process under test used, % of one CPU
     server_cpu_us_per_req: float | None = None  # its CPU time per request, microseconds
+
+
+@dataclass
+class ProcessFigures:
+    """One capgate process: time to ready and resident memory (KiB, from /proc)."""
+
+    scenario: str
+    pid: int
+    ready_s: float | None
+    rss_idle_kib: int | None = None  # after the ready line, before any call
+    rss_after_kib: int | None = None  # after its last measurement, idle again
+    peak_rss_kib: int | None = None  # VmHWM at the end
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process in KiB, from /proc; empty elsewhere."""
+    out: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM") and value.strip().endswith("kB"):
+            out[key] = int(value.split()[0])
+    return out
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -623,34 +768,100 @@ class LoadGenerator:
     def label(self) -> str:
         return "wrk" if self.tool != "python" else "python"
 
+    def _file(self, target: Target, ext: str) -> Path:
+        return self.tmp / f"{target.name}.{ext}"
+
     def _script(self, target: Target) -> list[str]:
-        """A wrk Lua script for anything but a plain GET."""
-        if target.method == "GET" and target.body is None:
+        """``-s SCRIPT`` (a wrk Lua script in the temp dir) for anything but a plain GET with
+        one token. wrk runs with ``-t1``: one Lua state builds every request, so the turn
+        over the tokens and the body counter below are the whole run's."""
+        if target.method == "GET" and target.body is None and not target.varies:
             return []
-        body_file = self.tmp / f"{target.name}.body"
-        body_file.write_bytes(target.body or b"")
-        script = self.tmp / f"{target.name}.lua"
+        script = self._file(target, "lua")
         lines = [
-            f'wrk.method = "{target.method}"',
-            f'local f = assert(io.open("{body_file}", "rb"))',
-            'wrk.body = f:read("*a")',
-            "f:close()",
+            f"-- Generated by bench/run.py for {target.name}.",
+            "local function slurp(path)",
+            '  local f = assert(io.open(path, "rb"))',
+            '  local s = f:read("*a")',
+            "  f:close()",
+            "  return s",
+            "end",
+            f"wrk.method = {_lua_string(target.method)}",
         ]
         if target.content_type:
-            lines.append(f'wrk.headers["Content-Type"] = "{target.content_type}"')
+            lines.append(f'wrk.headers["Content-Type"] = {_lua_string(target.content_type)}')
+        if target.body is not None:
+            body_file = self._file(target, "body")
+            body_file.write_bytes(target.body)
+            lines.append(f"wrk.body = slurp({_lua_string(str(body_file))})")
+        if target.varies:
+            call = ["function request()"]
+            if len(target.authorizations) > 1:
+                auth_file = self._file(target, "auth")
+                auth_file.write_text("\n".join(target.authorizations) + "\n")
+                lines += [
+                    "local auths = {}",
+                    f"for line in io.lines({_lua_string(str(auth_file))}) do",
+                    "  if #line > 0 then auths[#auths + 1] = line end",
+                    "end",
+                    "local turn = 0",
+                ]
+                call += [
+                    "  turn = turn % #auths + 1",
+                    '  wrk.headers["Authorization"] = auths[turn]',
+                ]
+            if (seq := target.body_seq) is not None:
+                prefix, suffix = self._file(target, "prefix"), self._file(target, "suffix")
+                prefix.write_bytes(seq.prefix)
+                suffix.write_bytes(seq.suffix)
+                lines += [
+                    f"local prefix = slurp({_lua_string(str(prefix))})",
+                    f"local suffix = slurp({_lua_string(str(suffix))})",
+                    f"n = {seq.next}  -- global: done() reads it through thread:get",
+                    "local threads = {}",
+                    "function setup(thread) threads[#threads + 1] = thread end",
+                    "function done(summary, latency, requests)",
+                    "  for _, t in ipairs(threads) do",
+                    '    io.write(string.format("bench-seq-next %d\\n", t:get("n")))',
+                    "  end",
+                    "end",
+                ]
+                call += [
+                    '  local body = prefix .. string.format("%d", n) .. suffix',
+                    "  n = n + 1",
+                    "  return wrk.format(nil, nil, nil, body)",
+                ]
+            else:
+                call.append("  return wrk.format()")
+            lines += [*call, "end"]
         script.write_text("\n".join(lines) + "\n")
         return ["-s", str(script)]
+
+    def _advance(self, target: Target, seq_next: int | None, requests: int) -> None:
+        """Move the target's body counter past what the run used; check that every request
+        answered had a body of its own."""
+        seq = target.body_seq
+        if seq is None:
+            return
+        if seq_next is None:
+            raise BenchError(f"{target.name}: the load generator did not report its counter")
+        if seq_next - seq.next < requests:
+            raise BenchError(
+                f"{target.name}: {requests} requests answered but only {seq_next - seq.next} "
+                "bodies numbered: some bodies were sent twice"
+            )
+        seq.next = seq_next
 
     def run(self, target: Target, connections: int, seconds: int) -> dict[str, Any]:
         if not target.url.startswith(f"http://{LOOPBACK}:"):
             raise BenchError(f"refusing to load anything but {LOOPBACK}: {target.url}")
         prefix = self.pinning.prefix(self.pinning.client_cpu)
-        header = f"Authorization: {target.authorization}"
+        header = f"Authorization: {target.authorizations[0]}"
         if self.tool != "python":
             argv = [
                 *prefix,
                 self.tool,
-                "-t1",
+                "-t1",  # the Lua scripts' counters assume one thread
                 f"-c{connections}",
                 f"-d{seconds}s",
                 "--latency",
@@ -666,7 +877,10 @@ class LoadGenerator:
             )
             if proc.returncode != 0:
                 raise BenchError(f"wrk failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-            return parse_wrk(proc.stdout)
+            data = parse_wrk(proc.stdout)
+            ends = re.findall(r"^bench-seq-next (\d+)$", proc.stdout, re.M)
+            self._advance(target, int(ends[0]) if len(ends) == 1 else None, data["requests"])
+            return data
         argv = [
             *prefix,
             sys.executable,
@@ -678,15 +892,31 @@ class LoadGenerator:
             str(connections),
             "-d",
             str(seconds),
-            "-H",
-            header,
             "--method",
             target.method,
         ]
+        if len(target.authorizations) > 1:
+            auth_file = self._file(target, "auth")
+            auth_file.write_text("\n".join(target.authorizations) + "\n")
+            argv += ["--auth-file", str(auth_file)]
+        else:
+            argv += ["-H", header]
         if target.body is not None:
-            body_file = self.tmp / f"{target.name}.body"
+            body_file = self._file(target, "body")
             body_file.write_bytes(target.body)
             argv += ["--body-file", str(body_file)]
+        if (seq := target.body_seq) is not None:
+            prefix_file, suffix_file = self._file(target, "prefix"), self._file(target, "suffix")
+            prefix_file.write_bytes(seq.prefix)
+            suffix_file.write_bytes(seq.suffix)
+            argv += [
+                "--body-prefix-file",
+                str(prefix_file),
+                "--body-suffix-file",
+                str(suffix_file),
+                "--seq-start",
+                str(seq.next),
+            ]
         if target.content_type:
             argv += ["-H", f"Content-Type: {target.content_type}"]
         proc = subprocess.run(
@@ -701,29 +931,42 @@ class LoadGenerator:
             raise BenchError(f"bench.loadgen failed ({proc.returncode}):\n{proc.stderr}")
         data = json.loads(proc.stdout)
         data["socket_errors"] = data.pop("errors")
+        self._advance(target, data.pop("seq_next", None), data["requests"])
         return data
 
 
+def _lua_string(text: str) -> str:
+    """A Lua string literal for a path or header value the bench wrote itself."""
+    if not (text.isascii() and text.isprintable()):
+        raise BenchError(f"will not put {text!r} into a wrk script")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def check_once(target: Target) -> None:
-    """One request before measuring: a 2xx and the upstream's body, or stop."""
-    req = urllib.request.Request(target.url, method=target.method, data=target.body)
-    req.add_header("Authorization", target.authorization)
-    if target.content_type:
-        req.add_header("Content-Type", target.content_type)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
-            status, body, headers = resp.status, resp.read(), resp.headers
-    except urllib.error.HTTPError as err:
-        raise BenchError(
-            f"{target.name}: the check call answered {err.code}, not 2xx; the bench would "
-            f"measure errors:\n{err.read()[:2000].decode(errors='replace')}"
-        ) from None
-    if not 200 <= status < 300:
-        raise BenchError(f"{target.name}: the check call answered {status}, not 2xx")
-    if target.expect_body is not None and body != target.expect_body:
-        raise BenchError(f"{target.name}: unexpected body from the check call: {body[:300]!r}")
-    if target.kind == "capgate" and not headers.get("X-Request-Id"):
-        raise BenchError(f"{target.name}: the answer has no X-Request-Id; is this capgate?")
+    """One request per token before measuring: a 2xx and the upstream's body, or stop."""
+    for n, authorization in enumerate(target.authorizations):
+        data = target.body_seq.take() if target.body_seq is not None else target.body
+        req = urllib.request.Request(target.url, method=target.method, data=data)
+        req.add_header("Authorization", authorization)
+        if target.content_type:
+            req.add_header("Content-Type", target.content_type)
+        which = f" (token {n + 1} of {len(target.authorizations)})" if n else ""
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
+                status, body, headers = resp.status, resp.read(), resp.headers
+        except urllib.error.HTTPError as err:
+            raise BenchError(
+                f"{target.name}: the check call{which} answered {err.code}, not 2xx; the bench "
+                f"would measure errors:\n{err.read()[:2000].decode(errors='replace')}"
+            ) from None
+        if not 200 <= status < 300:
+            raise BenchError(f"{target.name}: the check call{which} answered {status}, not 2xx")
+        if target.expect_body is not None and body != target.expect_body:
+            raise BenchError(
+                f"{target.name}: unexpected body from the check call{which}: {body[:300]!r}"
+            )
+        if target.kind == "capgate" and not headers.get("X-Request-Id"):
+            raise BenchError(f"{target.name}: the answer has no X-Request-Id; is this capgate?")
 
 
 def measure(
@@ -828,82 +1071,230 @@ def _fmt_table(results: Sequence[Result]) -> list[str]:
     return lines
 
 
-def ratios(results: Sequence[Result], connections: Sequence[int]) -> list[dict[str, Any]]:
-    by = {(r.target, r.connections): r for r in results}
-    hi, lo = max(connections), min(connections)
-    out: list[dict[str, Any]] = []
-    bare_hi, bare_lo = by.get(("bare-proxy", hi)), by.get(("bare-proxy", lo))
-    for name in dict.fromkeys(r.target for r in results if r.kind == "capgate"):
-        cap_hi, cap_lo = by.get((name, hi)), by.get((name, lo))
-        if cap_hi and bare_hi:
-            pct = 100.0 * cap_hi.rps / bare_hi.rps if bare_hi.rps else 0.0
-            out.append(
-                {
-                    "name": f"{name} req/s as % of bare proxy @{hi} conns",
-                    "value": round(pct, 1),
-                    "unit": "%",
-                    "target": f">= {TARGET_THROUGHPUT_PCT:g}%",
-                    "verdict": "PASS" if pct >= TARGET_THROUGHPUT_PCT else "MISS",
-                    "detail": f"{cap_hi.rps:.0f} / {bare_hi.rps:.0f} req/s",
-                }
-            )
-            cap_cpu, bare_cpu = cap_hi.server_cpu_us_per_req, bare_hi.server_cpu_us_per_req
-            if cap_cpu and bare_cpu:
-                # Less sensitive to other load on the machine than req/s: CPU per call.
-                out.append(
-                    {
-                        "name": f"{name} CPU/req: bare proxy as % of {name} @{hi} conns",
-                        "value": round(100.0 * bare_cpu / cap_cpu, 1),
-                        "unit": "%",
-                        "target": "(info: req/s % if both had a CPU to themselves)",
-                        "verdict": "",
-                        "detail": f"{bare_cpu:.0f} / {cap_cpu:.0f} us CPU per request",
-                    }
-                )
-        if cap_lo and bare_lo:
-            added = cap_lo.p50_ms - bare_lo.p50_ms
-            out.append(
-                {
-                    "name": f"{name} p50 - bare proxy p50 @{lo} conn",
-                    "value": round(added, 3),
-                    "unit": "ms",
-                    "target": f"<= {TARGET_ADDED_P50_MS:g} ms",
-                    "verdict": "PASS" if added <= TARGET_ADDED_P50_MS else "MISS",
-                    "detail": f"{cap_lo.p50_ms:.3f} - {bare_lo.p50_ms:.3f} ms",
-                }
-            )
-    direct_lo = by.get(("direct", lo))
-    if bare_lo and direct_lo:
-        out.append(
-            {
-                "name": f"bare proxy p50 - direct p50 @{lo} conn",
-                "value": round(bare_lo.p50_ms - direct_lo.p50_ms, 3),
-                "unit": "ms",
-                "target": "(info: the cost of any Python proxy hop)",
-                "verdict": "",
-                "detail": f"{bare_lo.p50_ms:.3f} - {direct_lo.p50_ms:.3f} ms",
-            }
+def _mib(kib: int | None) -> float | None:
+    return None if kib is None else round(kib / 1024, 1)
+
+
+def _fmt_processes(figures: Sequence[ProcessFigures]) -> list[str]:
+    head = (
+        f"{'capgate process':<22} {'ready s':>8} {'RSS idle MiB':>13} {'RSS after MiB':>14}"
+        f" {'peak MiB':>9}"
+    )
+    lines = [head, "-" * len(head)]
+
+    def cell(value: float | None, width: int, spec: str) -> str:
+        return f"{value:>{width}{spec}}" if value is not None else f"{'-':>{width}}"
+
+    for f in figures:
+        lines.append(
+            f"{f.scenario:<22} {cell(f.ready_s, 8, '.3f')} {cell(_mib(f.rss_idle_kib), 13, '.1f')}"
+            f" {cell(_mib(f.rss_after_kib), 14, '.1f')} {cell(_mib(f.peak_rss_kib), 9, '.1f')}"
         )
-    if bare_hi and (d := by.get(("direct", hi))):
+    lines.append(
+        "ready s: from starting the process to its ready line on stdout (polled every "
+        f"{READY_POLL_SECONDS * 1000:g} ms). RSS idle: VmRSS {IDLE_SETTLE_SECONDS:g} s after the"
+        " ready line, before any call; RSS after: VmRSS once idle after its last measurement;"
+        " peak: VmHWM then."
+    )
+    return lines
+
+
+def _verdict(value: float | None, limit: float | None, at_most: bool) -> str:
+    if value is None:
+        return "NOT MEASURED"
+    if limit is None:
+        return "NO LIMIT"
+    ok = value <= limit if at_most else value >= limit
+    return "PASS" if ok else "FAIL"
+
+
+def targets(results: Sequence[Result], figures: Sequence[ProcessFigures]) -> list[dict[str, Any]]:
+    """The product's targets, measured on TARGET_SCENARIO: PASS, FAIL, NOT MEASURED (the run
+    did not include what the figure needs) or NO LIMIT (reported; no limit set yet)."""
+    sc = TARGET_SCENARIO
+    by = {(r.target, r.connections): r for r in results}
+    fig = next((f for f in figures if f.scenario == sc), None)
+    out: list[dict[str, Any]] = []
+
+    c = TARGET_THROUGHPUT_CONNS
+    cap, bare = by.get((sc, c)), by.get(("bare-proxy", c))
+    pct = 100.0 * cap.rps / bare.rps if cap and bare and bare.rps else None
+    out.append(
+        {
+            "name": f"throughput: {sc} req/s as % of bare proxy @{c} conns",
+            "scenario": sc,
+            "value": None if pct is None else round(pct, 1),
+            "unit": "%",
+            "target": f">= {TARGET_THROUGHPUT_PCT:g}%",
+            "verdict": _verdict(pct, TARGET_THROUGHPUT_PCT, at_most=False),
+            "detail": f"{cap.rps:.0f} / {bare.rps:.0f} req/s"
+            if pct is not None and cap and bare
+            else f"needs the {sc} scenario and {c} in --connections",
+        }
+    )
+    c = TARGET_ADDED_P50_CONNS
+    cap, bare = by.get((sc, c)), by.get(("bare-proxy", c))
+    added = cap.p50_ms - bare.p50_ms if cap and bare else None
+    out.append(
+        {
+            "name": f"latency: {sc} p50 - bare proxy p50 @{c} conn",
+            "scenario": sc,
+            "value": None if added is None else round(added, 3),
+            "unit": "ms",
+            "target": f"<= {TARGET_ADDED_P50_MS:g} ms",
+            "verdict": _verdict(added, TARGET_ADDED_P50_MS, at_most=True),
+            "detail": f"{cap.p50_ms:.3f} - {bare.p50_ms:.3f} ms"
+            if added is not None and cap and bare
+            else f"needs the {sc} scenario and {c} in --connections",
+        }
+    )
+    for name, value, unit, limit, const, detail, needs in (
+        (
+            f"idle memory: {sc} RSS after start, before load",
+            _mib(fig.rss_idle_kib) if fig else None,
+            "MiB",
+            TARGET_IDLE_RSS_MIB,
+            "TARGET_IDLE_RSS_MIB",
+            f"VmRSS {IDLE_SETTLE_SECONDS:g} s after the ready line",
+            " and /proc",
+        ),
+        (
+            f"memory after the run: {sc} RSS, idle again",
+            _mib(fig.rss_after_kib) if fig else None,
+            "MiB",
+            TARGET_AFTER_RUN_RSS_MIB,
+            "TARGET_AFTER_RUN_RSS_MIB",
+            f"VmRSS after its last measurement; peak (VmHWM) "
+            f"{_mib(fig.peak_rss_kib) if fig else None} MiB",
+            " and /proc",
+        ),
+        (
+            f"time to ready: {sc} process start to ready line",
+            fig.ready_s if fig else None,
+            "s",
+            TARGET_READY_S,
+            "TARGET_READY_S",
+            f"'capgate <version> listening' on stdout, polled every "
+            f"{READY_POLL_SECONDS * 1000:g} ms",
+            "",
+        ),
+    ):
         out.append(
             {
-                "name": f"bare proxy req/s as % of direct @{hi} conns",
-                "value": round(100.0 * bare_hi.rps / d.rps, 1) if d.rps else 0.0,
-                "unit": "%",
-                "target": "(info)",
-                "verdict": "",
-                "detail": f"{bare_hi.rps:.0f} / {d.rps:.0f} req/s",
+                "name": name,
+                "scenario": sc,
+                "value": None if value is None else round(value, 3),
+                "unit": unit,
+                "target": f"<= {limit:g} {unit}" if limit is not None else f"none ({const})",
+                "verdict": _verdict(value, limit, at_most=True),
+                "detail": detail if value is not None else f"needs the {sc} scenario{needs}",
             }
         )
     return out
 
 
-def _audit_lines(path: Path) -> int:
-    try:
-        with path.open("rb") as fh:
-            return sum(1 for _ in fh)
-    except OSError:
-        return 0
+def ratios(
+    results: Sequence[Result], connections: Sequence[int], baselines: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Figures for reading the run (no targets): each capgate scenario against the bare
+    proxy and against its ``baseline`` scenario, and the bare proxy against the upstream."""
+    by = {(r.target, r.connections): r for r in results}
+    hi, lo = max(connections), min(connections)
+    out: list[dict[str, Any]] = []
+
+    def info(name: str, value: float, unit: str, note: str, detail: str) -> None:
+        out.append({"name": name, "value": value, "unit": unit, "note": note, "detail": detail})
+
+    bare_hi, bare_lo = by.get(("bare-proxy", hi)), by.get(("bare-proxy", lo))
+    for name in dict.fromkeys(r.target for r in results if r.kind == "capgate"):
+        cap_hi, cap_lo = by.get((name, hi)), by.get((name, lo))
+        if cap_hi and bare_hi and bare_hi.rps:
+            info(
+                f"{name} req/s as % of bare proxy @{hi} conns",
+                round(100.0 * cap_hi.rps / bare_hi.rps, 1),
+                "%",
+                "",
+                f"{cap_hi.rps:.0f} / {bare_hi.rps:.0f} req/s",
+            )
+            cap_cpu, bare_cpu = cap_hi.server_cpu_us_per_req, bare_hi.server_cpu_us_per_req
+            if cap_cpu and bare_cpu:
+                # Less sensitive to other load on the machine than req/s: CPU per call.
+                info(
+                    f"{name} CPU/req: bare proxy as % of {name} @{hi} conns",
+                    round(100.0 * bare_cpu / cap_cpu, 1),
+                    "%",
+                    "req/s % if both had a CPU to themselves",
+                    f"{bare_cpu:.0f} / {cap_cpu:.0f} us CPU per request",
+                )
+        if cap_lo and bare_lo:
+            info(
+                f"{name} p50 - bare proxy p50 @{lo} conn",
+                round(cap_lo.p50_ms - bare_lo.p50_ms, 3),
+                "ms",
+                "",
+                f"{cap_lo.p50_ms:.3f} - {bare_lo.p50_ms:.3f} ms",
+            )
+        base = baselines.get(name)
+        base_hi = by.get((base, hi)) if base else None
+        if cap_hi and base_hi:
+            cap_cpu, base_cpu = cap_hi.server_cpu_us_per_req, base_hi.server_cpu_us_per_req
+            if cap_cpu and base_cpu:
+                info(
+                    f"{name} CPU/req minus {base} CPU/req @{hi} conns",
+                    round(cap_cpu - base_cpu),
+                    "us",
+                    "what this scenario adds per call",
+                    f"{cap_cpu:.0f} - {base_cpu:.0f} us CPU per request;"
+                    f" req/s {cap_hi.rps:.0f} vs {base_hi.rps:.0f}",
+                )
+    direct_lo = by.get(("direct", lo))
+    if bare_lo and direct_lo:
+        info(
+            f"bare proxy p50 - direct p50 @{lo} conn",
+            round(bare_lo.p50_ms - direct_lo.p50_ms, 3),
+            "ms",
+            "the cost of any Python proxy hop",
+            f"{bare_lo.p50_ms:.3f} - {direct_lo.p50_ms:.3f} ms",
+        )
+    if bare_hi and (d := by.get(("direct", hi))) and d.rps:
+        info(
+            f"bare proxy req/s as % of direct @{hi} conns",
+            round(100.0 * bare_hi.rps / d.rps, 1),
+            "%",
+            "",
+            f"{bare_hi.rps:.0f} / {d.rps:.0f} req/s",
+        )
+    return out
+
+
+@dataclass
+class AuditScan:
+    """What a scenario's audit file says about the calls it served."""
+
+    lines: int = 0
+    agents: set[str] = field(default_factory=set)
+    sql_texts: int = 0  # lines whose facts carry the JSON body's ``sql``
+    sql_distinct: int = 0
+
+
+def scan_audit(path: Path) -> AuditScan:
+    out = AuditScan()
+    digests: set[bytes] = set()
+    with contextlib.suppress(OSError), path.open("rb") as fh:
+        for line in fh:
+            out.lines += 1
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(agent := record.get("agent"), str):
+                out.agents.add(agent)
+            body = (record.get("facts") or {}).get("json")
+            if isinstance(body, dict) and isinstance(sql := body.get("sql"), str):
+                out.sql_texts += 1
+                digests.add(hashlib.blake2b(sql.encode(), digest_size=16).digest())
+    out.sql_distinct = len(digests)
+    return out
 
 
 def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -959,6 +1350,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     procs = Processes(tmp)
     gen = LoadGenerator(tool, pinning, tmp)
     results: list[Result] = []
+    figures: list[ProcessFigures] = []
     notes: list[str] = []
     try:
         ws = prepare_workspace(tmp / "ws")
@@ -992,7 +1384,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
                     "direct",
                     "direct",
                     upstream_url + UPSTREAM_PATH,
-                    f"Bearer {ws.metrics_token}",
+                    (f"Bearer {ws.metrics_token}",),
                     upstream_pid,
                 )
             )
@@ -1011,7 +1403,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
                 "bare-proxy",
                 "bare",
                 ready["url"] + UPSTREAM_PATH,
-                f"Bearer {ws.metrics_token}",
+                (f"Bearer {ws.metrics_token}",),
                 bare.pid,
             )
         )
@@ -1046,19 +1438,32 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
                 prefix=pinning.prefix(pinning.server_cpu),
                 ready="capgate",
             )
+            pid = int(ready.get("pid", cap.pid))  # the process that printed the line
+            fig = ProcessFigures(sc.name, pid, cap.ready_s)
+            figures.append(fig)
             log(
-                f"{sc.name}: {ready['url']} (pid {cap.pid}, state {ready.get('state')}) "
-                f"-- {sc.description}"
+                f"{sc.name}: {ready['url']} (pid {pid}, state {ready.get('state')}, ready in "
+                f"{cap.ready_s:.3f} s) -- {sc.description}"
             )
-            token = sws.token(sc.agent, list(sc.roles), ttl=1800, run="bench")
+            time.sleep(IDLE_SETTLE_SECONDS)
+            fig.rss_idle_kib = memory_kib(pid).get("VmRSS")
+            tokens = [
+                f"Bearer {sws.token(agent, list(sc.roles), ttl=1800, run='bench')}"
+                for agent in sc.agents
+            ]
             target = Target(
                 sc.name,
                 "capgate",
                 ready["url"] + sc.path,
-                f"Bearer {token}",
-                cap.pid,
+                tuple(tokens),
+                pid,
                 method=sc.method,
                 body=sc.body,
+                body_seq=(
+                    BodySequence.from_template(sc.body_template)
+                    if sc.body_template is not None
+                    else None
+                ),
                 content_type=sc.content_type,
                 expect_body=sc.expect_body,
             )
@@ -1068,15 +1473,34 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
                 raise BenchError(
                     f"{exc}\n--- {sc.name} stderr (tail) ---\n{cap.stderr_tail() or '(empty)'}"
                 ) from None
+            time.sleep(IDLE_SETTLE_SECONDS)
+            mem = memory_kib(pid)
+            fig.rss_after_kib, fig.peak_rss_kib = mem.get("VmRSS"), mem.get("VmHWM")
             code = procs.stop(cap)
             served = sum(r.requests for r in results if r.target == sc.name)
-            lines = _audit_lines(audit)
+            seen = scan_audit(audit)
+            checks = "the check call" if len(tokens) == 1 else f"{len(tokens)} check calls"
             notes.append(
-                f"{sc.name}: exit status {code}; audit lines {lines} "
-                f"(measured requests {served}, plus warm-ups and the check call)"
+                f"{sc.name}: exit status {code}; audit lines {seen.lines} "
+                f"(measured requests {served}, plus warm-ups and {checks})"
             )
-            if lines < served:
-                raise BenchError(f"{sc.name}: {lines} audit lines for {served} requests")
+            if seen.lines < served:
+                raise BenchError(f"{sc.name}: {seen.lines} audit lines for {served} requests")
+            if len(sc.agents) > 1:
+                if seen.agents != set(sc.agents):
+                    raise BenchError(
+                        f"{sc.name}: the audit names {len(seen.agents)} agents, not the "
+                        f"{len(sc.agents)} whose tokens were sent"
+                    )
+                notes.append(f"{sc.name}: the audit names all {len(seen.agents)} agents")
+            if target.body_seq is not None:
+                sent = target.body_seq.next - 1
+                notes.append(
+                    f"{sc.name}: {sent} bodies sent, each with its own n (1..{sent}); the audit"
+                    f" shows {seen.sql_distinct} distinct SQL texts in {seen.sql_texts} lines"
+                )
+                if seen.sql_texts and seen.sql_distinct != seen.sql_texts:
+                    raise BenchError(f"{sc.name}: the audit shows a SQL text seen twice")
     finally:
         procs.stop_all()
         if args.keep_tmp:
@@ -1087,13 +1511,27 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     log("")
     for line in _fmt_table(results):
         log(line)
-    rats = ratios(results, conns)
+    if figures:
+        log("")
+        for line in _fmt_processes(figures):
+            log(line)
+    tgts = targets(results, figures)
+    rats = ratios(results, conns, {s.name: s.baseline for s in SCENARIOS if s.baseline})
     log("")
-    for r in rats:
+    log(f"Targets (scenario '{TARGET_SCENARIO}', the HTTP rule; a FAIL does not fail the run):")
+    width = max(len(t["name"]) for t in tgts)
+    twidth = max(len(t["target"]) for t in tgts)
+    for t in tgts:
+        value = "-" if t["value"] is None else t["value"]
         log(
-            f"{r['verdict'] or 'info':<5} {r['name']:<48} {r['value']:>8} {r['unit']:<3} "
-            f"target {r['target']:<10}  ({r['detail']})"
+            f"{t['verdict']:<12} {t['name']:<{width}} {value:>8} {t['unit']:<3} "
+            f"target {t['target']:<{twidth}}  ({t['detail']})"
         )
+    log("")
+    width = max((len(r["name"]) for r in rats), default=0)
+    for r in rats:
+        note = f"; {r['note']}" if r["note"] else ""
+        log(f"info  {r['name']:<{width}} {r['value']:>8} {r['unit']:<3} ({r['detail']}{note})")
     for n in notes:
         log(f"note: {n}")
     env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -1108,6 +1546,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
             "loadgen": gen.label,
         },
         "results": [dataclasses.asdict(r) for r in results],
+        "targets": tgts,
+        "processes": [dataclasses.asdict(f) for f in figures],
         "ratios": rats,
         "notes": notes,
     }

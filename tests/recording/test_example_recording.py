@@ -8,9 +8,9 @@ from typing import Any
 
 from gateway.app import build_gateway, create_app
 from gateway.config import load_settings
-from gateway.recording.format import load_recording
 from gateway.recording.make_example import make_example
 from gateway.recording.placeholders import PlaceholderCredentials
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
 from gateway.transports.replay import ReplayTransport
 from mocks.demo import prepare_workspace

@@ -6,8 +6,13 @@ Modules, in the order a call meets them:
 ``redact.py``      the one redaction: provenance (injected credentials), names, token shapes;
                    ``lint(dir)``
 ``canonical.py``   the canonical call key: target, canonical body (JSON, SQL), volatile fields
-``format.py``      the versioned directory format; ``RecordingWriter`` (the one writer) and
-                   ``load_recording`` (validating reader)
+``format.py``      the versioned directory format: version, file layout, run file names, time
+                   stamps, ``RecordingError``
+``model.py``       the typed records: ``Exchange`` (a call as recorded) and ``Entry``,
+                   ``RecordedRun``, ``Recording`` (as read back)
+``blobs.py``       ``BlobStore``: content-addressed bodies; inline body encoding
+``writer.py``      ``RecordingWriter``: the one writer (redacts, stores blobs, appends lines)
+``reader.py``      ``load_recording``: the validating reader (manifest, run files, records)
 ``compat.py``      step-by-step migrations of older versions
 ``matching.py``    per-run replay state, nearest-recording explanations, end-of-run report
 ``denial.py``      ``Denial`` and ``denial_of(call)``: refused calls, as transports observe them
@@ -16,8 +21,10 @@ Modules, in the order a call meets them:
 ``commands.py``    the ``capgate recording ...``, ``capgate policy test`` and ``capgate replay``
                    command functions
 ``placeholders.py``  credentials for replay in CI, where the real secrets do not exist
-``make_example.py``  regenerates ``recordings/example/`` from the mocks
 =================  ==========================================================================
+
+``recordings/example/`` is regenerated from the mocks by ``python -m mocks.make_example``, which
+lives with the mocks, outside the shipped package.
 
 The transports live with the others: ``gateway/transports/record.py`` (``record``) and
 ``gateway/transports/replay.py`` (``replay``, ``replay-or-record``, ``shadow``).

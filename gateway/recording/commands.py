@@ -26,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from gateway.recording.format import RecordingError, load_recording
+from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
 from gateway.recording.matching import ReplayReport
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2

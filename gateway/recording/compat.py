@@ -1,6 +1,6 @@
 """Migrations of recordings written by older versions, one version step at a time.
 
-The reader (``format.load_recording``) reads a recording's ``version`` and, while it is older
+The reader (``reader.load_recording``) reads a recording's ``version`` and, while it is older
 than ``CURRENT``, applies the step for that version to the manifest and to every record, so
 each step only knows two adjacent versions (the mitmproxy ``io/compat.py`` pattern). A
 recording newer than ``CURRENT`` is refused: fields this capgate does not know could change

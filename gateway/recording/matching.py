@@ -38,7 +38,8 @@ from gateway.recording.canonical import (
     recanonicalise,
     sql_fields,
 )
-from gateway.recording.format import Entry, RecordedRun, Recording, run_id
+from gateway.recording.format import run_id
+from gateway.recording.model import Entry, RecordedRun, Recording
 from gateway.recording.redact import DEFAULT_REDACTOR, STRUCTURED_LIMIT, KnownSecret, Redactor
 
 if TYPE_CHECKING:

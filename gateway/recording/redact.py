@@ -1,6 +1,6 @@
 """Redaction: what never reaches a recording, decided in one place.
 
-Every record passes through ``RecordingWriter.append`` (``format.py``), which calls the one
+Every record passes through ``RecordingWriter.append`` (``writer.py``), which calls the one
 ``Redactor`` below on every header, body and target before a byte is written. Three layers,
 applied in a single pass over each value:
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.policy.explain import explain
-from gateway.recording.format import Entry, load_recording
+from gateway.recording.model import Entry
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import HeaderValue
 
 if TYPE_CHECKING:

@@ -34,20 +34,10 @@ from typing import IO, TYPE_CHECKING
 from multidict import CIMultiDict
 
 from gateway.errors import GatewayError
-from gateway.recording.format import (
-    INLINE_LIMIT,
-    BodyData,
-    Decision,
-    ErrorInfo,
-    Exchange,
-    RecordingError,
-    RecordingWriter,
-    ResponseData,
-    Spilled,
-    parse_iso_time,
-    run_id,
-)
+from gateway.recording.format import INLINE_LIMIT, RecordingError, parse_iso_time, run_id
+from gateway.recording.model import BodyData, Decision, ErrorInfo, Exchange, ResponseData, Spilled
 from gateway.recording.redact import DEFAULT_REDACTOR, KnownSecret, Redactor
+from gateway.recording.writer import RecordingWriter
 from gateway.transports.base import Transport, UpstreamRequest, UpstreamResponse
 
 if TYPE_CHECKING:

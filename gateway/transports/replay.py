@@ -47,8 +47,10 @@ from gateway.errors import (
     ReplayMiss,
     UpstreamError,
 )
-from gateway.recording.format import Entry, ErrorInfo, Recording, RecordingError, load_recording
+from gateway.recording.format import RecordingError
 from gateway.recording.matching import Matcher, Probe, ReplayMissed, ReplayReport, make_probe
+from gateway.recording.model import Entry, ErrorInfo, Recording
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor
 from gateway.transports.base import Body, Transport, UpstreamRequest, UpstreamResponse
 from gateway.transports.record import RecordTransport, secrets_of

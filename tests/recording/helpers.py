@@ -12,7 +12,8 @@ from multidict import CIMultiDict
 from gateway.errors import GatewayError
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy, Rule
-from gateway.recording.format import Decision, Exchange, RecordingWriter, ResponseData
+from gateway.recording.model import Decision, Exchange, ResponseData
+from gateway.recording.writer import RecordingWriter
 from gateway.transports.base import UpstreamRequest
 
 MINI_POLICY = """

@@ -8,12 +8,12 @@ from typing import Any
 
 from gateway.app import build_gateway, create_app
 from gateway.config import load_settings
-from gateway.recording.format import load_recording
-from gateway.recording.make_example import make_example
 from gateway.recording.placeholders import PlaceholderCredentials
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
 from gateway.transports.replay import ReplayTransport
 from mocks.demo import prepare_workspace
+from mocks.make_example import make_example
 from tests.recording.conftest import bearer, read_all_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,8 +63,8 @@ def test_the_example_is_clean() -> None:
 
 
 def test_the_example_is_current(tmp_path: Path) -> None:
-    """Regenerating gives the same bytes; if not, run: python -m gateway.recording.make_example"""
+    """Regenerating gives the same bytes; if not, run: python -m mocks.make_example"""
     fresh = make_example(tmp_path / "example")
     assert read_all_bytes(fresh) == read_all_bytes(EXAMPLE), (
-        "recordings/example is out of date: python -m gateway.recording.make_example"
+        "recordings/example is out of date: python -m mocks.make_example"
     )

@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.recording.format import (
-    FORMAT,
-    INLINE_LIMIT,
-    RecordingError,
-    RecordingWriter,
-    Spilled,
-    load_recording,
-    run_file_name,
-)
+from gateway.recording.format import FORMAT, INLINE_LIMIT, RecordingError, run_file_name
+from gateway.recording.model import Spilled
+from gateway.recording.reader import load_recording
+from gateway.recording.writer import RecordingWriter
 from tests.recording.helpers import exchange, mini_policy, write
 
 

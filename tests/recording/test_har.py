@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import UpstreamUnavailable
-from gateway.recording.format import load_recording
 from gateway.recording.har import HarError, export_har, import_har
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
 from gateway.transports.replay import ReplayTransport
 from tests.recording.conftest import read_all_bytes

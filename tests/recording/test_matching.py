@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import ReplayMiss, UpstreamUnavailable
-from gateway.recording.format import ErrorInfo, load_recording
 from gateway.recording.matching import Matcher, ReplayMissed, make_probe
+from gateway.recording.model import ErrorInfo
+from gateway.recording.reader import load_recording
 from gateway.transports.replay import ReplayTransport
 from tests.recording.helpers import drain, exchange, mini_policy, request, write
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gateway.credentials import Injection, Secret
-from gateway.recording.format import INLINE_LIMIT, load_recording
+from gateway.recording.format import INLINE_LIMIT
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import (
     OVERLAP,
     WINDOW,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.policy.load import load_policy
-from gateway.recording.format import Decision, ErrorInfo
+from gateway.recording.model import Decision, ErrorInfo
 from gateway.recording.regress import policy_test
 from tests.recording.helpers import exchange, write
 

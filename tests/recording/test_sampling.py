@@ -10,7 +10,8 @@ import pytest
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.recording.denial import Denial
-from gateway.recording.format import INLINE_LIMIT, load_recording
+from gateway.recording.format import INLINE_LIMIT
+from gateway.recording.reader import load_recording
 from gateway.transports.record import RecordTransport, RunLimits, keep_fraction
 from tests.recording.helpers import FakeLive, FakeResponse, drain, mini_policy, request
 

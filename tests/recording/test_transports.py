@@ -12,7 +12,7 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.recording import build_transport
-from gateway.recording.format import load_recording
+from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayOrRecordTransport, ReplayTransport, ShadowTransport

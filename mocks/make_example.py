@@ -1,6 +1,6 @@
 """Regenerate ``recordings/example/``: the example policy's scenario, recorded from the mocks.
 
-    python -m gateway.recording.make_example [--out recordings/example]
+    python -m mocks.make_example [--out recordings/example]
 
 The scenario (policy ``policies/example.yaml``, agent ``sre-bot``, run ``example``):
 
@@ -15,6 +15,9 @@ ports, so the recording is what capgate writes, not a hand-made file. To make it
 repeatable, the recorder gets a fixed wall clock and a counting monotonic clock, request ids
 are numbered, ``Date`` and ``Server`` headers are not written, and the manifest lists the
 example policy's upstream URLs instead of the mocks' random ports.
+
+It lives with the mocks, not in ``gateway/``: it needs them and ``gateway.app``, and neither
+the mocks nor this script ship in the wheel or the image.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "recordings" / "example"
 EXAMPLE_WALL = 1717243200.0  # 2024-06-01T12:00:00Z
 RUN = "example"
@@ -143,7 +146,7 @@ def make_example(out: Path = DEFAULT_OUT) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.recording.make_example")
+    parser = argparse.ArgumentParser(prog="python -m mocks.make_example")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     try:

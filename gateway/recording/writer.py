@@ -1,0 +1,437 @@
+"""``RecordingWriter``: the one writer of a recording directory.
+
+Every record goes through ``RecordingWriter.append``, which redacts it (``redact.py``), stores
+its large bodies as blobs (``blobs.py``) and appends it as one line with a single ``write`` on an
+``O_APPEND`` descriptor. The manifest lists the runs (``RunEntry``) and is replaced atomically.
+The directory format itself is described in ``format.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from gateway import __version__
+from gateway.recording.blobs import BlobStore, encode_inline
+from gateway.recording.canonical import Form, canonical_body
+from gateway.recording.format import (
+    FORMAT,
+    INLINE_LIMIT,
+    MANIFEST,
+    MAX_CHUNKS,
+    RUNS_DIR,
+    VERSION,
+    RecordingError,
+    iso_time,
+    run_file_name,
+)
+from gateway.recording.model import BodyData, Exchange, Spilled
+from gateway.recording.reader import read_manifest, safe_member
+from gateway.recording.redact import (
+    DEFAULT_REDACTOR,
+    STRUCTURED_LIMIT,
+    KnownSecret,
+    Redactor,
+    Span,
+    remap_offsets,
+)
+
+log = logging.getLogger("capgate.recording")
+
+
+@dataclass(slots=True)
+class RunEntry:
+    """A run as listed in the manifest."""
+
+    run: str
+    file: str
+    started: str
+    calls: int = 0
+    denials: int = 0
+    errors: int = 0
+    bytes: int = 0
+    truncated: dict[str, Any] | None = None
+    kept: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run": self.run,
+            "file": self.file,
+            "calls": self.calls,
+            "denials": self.denials,
+            "errors": self.errors,
+            "started": self.started,
+        }
+        if self.truncated:
+            out["truncated"] = self.truncated
+        if self.kept:
+            out["kept"] = self.kept
+        return out
+
+
+@dataclass(slots=True)
+class Written:
+    """What one ``append`` put on disk."""
+
+    bytes: int
+    blobs: list[str]  # blobs this append created (not ones that already existed)
+
+
+class RecordingWriter:
+    """Owns a recording directory while recording. Not for concurrent use by two processes.
+
+    Opening a directory that already holds a recording of the current version appends to it
+    (new runs get new files; a run seen again continues its file and its ``seq``).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        redactor: Redactor = DEFAULT_REDACTOR,
+        wall: Callable[[], float] = time.time,
+        spill_dir: Path | None = None,
+    ) -> None:
+        self.root = Path(directory)
+        self.redactor = redactor
+        self.wall = wall
+        self.spill_dir = spill_dir
+        self.blobs = BlobStore(self.root)
+        self._lock = threading.Lock()
+        self.runs: dict[str, RunEntry] = {}
+        self.upstreams: dict[str, str] = {}
+        self.sampling: dict[str, Any] | None = None
+        self.created = iso_time(wall())
+        self._dirty = 0
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            (self.root / RUNS_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RecordingError(
+                f"{self.root}: cannot create the recording directory: {exc.strerror}"
+            ) from exc
+        manifest_path = self.root / MANIFEST
+        if not manifest_path.exists():
+            self.write_manifest()
+            return
+        manifest = read_manifest(self.root)
+        if manifest.get("version") != VERSION:
+            raise RecordingError(
+                f"{manifest_path}: version {manifest.get('version')} recordings are read-only; "
+                f"record into a new directory"
+            )
+        where = str(manifest_path)
+        try:
+            self.created = str(manifest.get("created", self.created))
+            self.upstreams = {str(k): str(v) for k, v in (manifest.get("upstreams") or {}).items()}
+            self.sampling = manifest.get("sampling")
+            for i, item in enumerate(manifest.get("runs", [])):
+                where = f"{manifest_path}: runs[{i}]"
+                entry = RunEntry(
+                    run=str(item["run"]),
+                    file=str(safe_member(self.root, item["file"], where).relative_to(self.root)),
+                    started=str(item.get("started", self.created)),
+                    calls=int(item.get("calls", 0)),
+                    denials=int(item.get("denials", 0)),
+                    errors=int(item.get("errors", 0)),
+                    truncated=item.get("truncated"),
+                    kept=item.get("kept"),
+                )
+                self.runs[entry.run] = entry
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RecordingError(f"{where}: not a valid manifest entry ({exc!r})") from None
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def ensure_run(self, run: str) -> RunEntry:
+        with self._lock:
+            entry = self.runs.get(run)
+            if entry is None:
+                entry = RunEntry(run=run, file=run_file_name(run), started=iso_time(self.wall()))
+                self.runs[run] = entry
+                # The file exists as soon as the manifest lists it, even before a record.
+                os.close(os.open(self.root / entry.file, os.O_WRONLY | os.O_CREAT, 0o600))
+                self._write_manifest_locked()
+            return entry
+
+    def last_seq(self, run: str) -> int:
+        """The highest ``seq`` already in a run's file (0 for a new run).
+
+        Called when a run starts in this process: a truncated last line left by a crash is
+        cut off first, so the lines appended now do not join it into one corrupt line.
+        """
+        entry = self.runs.get(run)
+        path = self.root / (entry.file if entry else run_file_name(run))
+        if not path.exists():
+            return 0
+        self._repair_tail(path)
+        last = 0
+        with path.open("rb") as fh:
+            for raw in fh:
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    last = max(last, int(json.loads(raw).get("seq", 0)))
+        return last
+
+    @staticmethod
+    def _repair_tail(path: Path) -> None:
+        with path.open("r+b") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            # Find the last newline; everything after it is a half-written line.
+            pos = size
+            keep = 0
+            while pos > 0:
+                step = min(64 * 1024, pos)
+                pos -= step
+                fh.seek(pos)
+                block = fh.read(step)
+                nl = block.rfind(b"\n")
+                if nl != -1:
+                    keep = pos + nl + 1
+                    break
+            fh.truncate(keep)
+        log.warning("%s: cut off a truncated last line (a recorder stopped while writing it)", path)
+
+    def drop_run(self, run: str, blobs: Sequence[str]) -> None:
+        """Forget a run a sampler did not keep: its file, its entry and the blobs it created."""
+        with self._lock:
+            entry = self.runs.pop(run, None)
+            if entry is not None:
+                with contextlib.suppress(OSError):
+                    (self.root / entry.file).unlink()
+            for ref in blobs:
+                self.blobs.remove(ref)
+            self._write_manifest_locked()
+
+    def note(self, run: str, *, write: bool = True, **fields: Any) -> None:
+        """Set manifest fields of a run (``truncated``, ``kept``); rewrite the manifest."""
+        with self._lock:
+            entry = self.runs.get(run)
+            if entry is not None:
+                for k, v in fields.items():
+                    setattr(entry, k, v)
+            if write:
+                self._write_manifest_locked()
+
+    # -- the one path every record takes ------------------------------------------------------
+
+    def append(self, ex: Exchange) -> Written:
+        """Redact ``ex``, store its bodies, append its line to the run's file."""
+        created: list[str] = []
+        record = self._encode(ex, created)
+        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        entry = self.ensure_run(ex.run)
+        path = self.root / entry.file
+        with self._lock:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                view = memoryview(line)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            finally:
+                os.close(fd)
+            if ex.kind == "denial":
+                entry.denials += 1
+            else:
+                entry.calls += 1
+            if ex.error is not None or (ex.response is not None and ex.response.status >= 500):
+                entry.errors += 1
+            size = len(line) + sum(self._blob_size(r) for r in created)
+            entry.bytes += size
+            self._dirty += 1
+            if self._dirty >= 100:
+                self._write_manifest_locked()
+        return Written(size, created)
+
+    def _blob_size(self, ref: str) -> int:
+        try:
+            return self.blobs.path(ref).stat().st_size
+        except OSError:
+            return 0
+
+    def remember_upstream(self, name: str, url: str) -> None:
+        if name not in self.upstreams:
+            with self._lock:
+                self.upstreams[name] = url
+                self._write_manifest_locked()
+
+    def _body(
+        self, data: BodyData | None, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
+        """(body value, redacted bytes when held in memory, spans, blob hex when a blob)."""
+        if data is None:
+            return None, None, (), None
+        if isinstance(data, Spilled):
+            if data.size > STRUCTURED_LIMIT:
+                return self._stream_body(data, secrets, created)
+            spilled = data.path
+            try:
+                data = spilled.read_bytes()
+            finally:
+                with contextlib.suppress(OSError):
+                    spilled.unlink()
+        red = self.redactor.body(data, secrets)
+        out = red.data
+        if len(out) <= INLINE_LIMIT:
+            return encode_inline(out), out, red.spans, None
+        ref, new = self.blobs.put_bytes(out)
+        if new:
+            created.append(ref)
+        return {"blob": ref, "size": len(out)}, out, red.spans, ref[len("sha256/") :]
+
+    def _stream_body(
+        self, data: Spilled, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, bytes | None, tuple[Span, ...] | None, str | None]:
+        try:
+            with data.path.open("rb") as src:
+                ref, new, size, spans = self.blobs.put_stream(
+                    lambda dst: self.redactor.stream(src, dst, secrets)
+                )
+        finally:
+            with contextlib.suppress(OSError):
+                data.path.unlink()
+        if new:
+            created.append(ref)
+        return {"blob": ref, "size": size}, None, tuple(spans), ref[len("sha256/") :]
+
+    def _encode(self, ex: Exchange, created: list[str]) -> dict[str, Any]:
+        r = self.redactor
+        secrets = ex.secrets
+        raw_value, raw_bytes, _, blob_hex = self._body(ex.request_body, secrets, created)
+        form: Form | None
+        canonical: str | None
+        if raw_bytes is not None:
+            form, canonical = canonical_body(raw_bytes, ex.rule)
+        elif blob_hex is not None:
+            form, canonical = "digest", "sha256:" + blob_hex
+        else:
+            form, canonical = None, None
+        if raw_bytes is not None and canonical is not None and raw_bytes == canonical.encode():
+            raw_value = None  # the canonical text is the exact body
+        record: dict[str, Any] = {
+            "seq": ex.seq,
+            "t": round(ex.t, 6),
+            "kind": ex.kind,
+            "request_id": ex.request_id,
+            "agent": ex.agent,
+            "run": ex.run,
+            "roles": list(ex.roles),
+            "caps": sorted(ex.caps) if ex.caps is not None else None,
+            "upstream": ex.upstream,
+            "method": ex.method,
+            "target": r.target(ex.target, secrets),
+            "request": {
+                "headers": [list(p) for p in r.headers(ex.request_headers, secrets)],
+                "form": form,
+                "body": canonical,
+                "raw": raw_value,
+            },
+            "decision": ex.decision.as_json(),
+            "response": None,
+            "error": None,
+        }
+        if ex.response is not None:
+            resp = ex.response
+            body_value, _, spans, _ = self._body(resp.body, secrets, created)
+            out: dict[str, Any] = {
+                "status": resp.status,
+                "reason": resp.reason,
+                "headers": [list(p) for p in r.headers(resp.headers, secrets)],
+                "body": body_value,
+            }
+            chunks = _chunks_after_redaction(resp.chunks, spans)
+            if len(chunks) > 1:
+                out["chunks"] = [{"t": round(t, 6), "size": n} for t, n in chunks]
+            if not resp.complete:
+                out["complete"] = False
+            record["response"] = out
+        if ex.error is not None:
+            record["error"] = {
+                "reason": ex.error.reason,
+                "status": ex.error.status,
+                "detail": r.text(ex.error.detail, secrets),
+            }
+        if ex.duration is not None:
+            record["duration"] = round(ex.duration, 6)
+        return record
+
+    # -- manifest ----------------------------------------------------------------------------
+
+    def manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": self.created,
+            "capgate_version": __version__,
+            "upstreams": dict(sorted(self.upstreams.items())),
+            "runs": [e.as_json() for e in sorted(self.runs.values(), key=lambda e: e.run)],
+        }
+        if self.sampling is not None:
+            out["sampling"] = self.sampling
+        return out
+
+    def write_manifest(self) -> None:
+        with self._lock:
+            self._write_manifest_locked()
+
+    def _write_manifest_locked(self) -> None:
+        self._dirty = 0
+        text = json.dumps(self.manifest(), indent=2, ensure_ascii=False) + "\n"
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, self.root / MANIFEST)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def spill_file(self) -> tuple[IO[bytes], Path]:
+        """A private temporary file for a body that outgrew memory (outside the recording)."""
+        fd, name = tempfile.mkstemp(dir=self.spill_dir, prefix="capgate-spill-")
+        return os.fdopen(fd, "w+b"), Path(name)
+
+
+def _chunks_after_redaction(
+    chunks: Sequence[tuple[float, int]], spans: tuple[Span, ...] | None
+) -> list[tuple[float, int]]:
+    if len(chunks) > MAX_CHUNKS:
+        head = list(chunks[: MAX_CHUNKS - 1])
+        tail_t = chunks[MAX_CHUNKS - 1][0]
+        head.append((tail_t, sum(n for _, n in chunks[MAX_CHUNKS - 1 :])))
+        chunks = head
+    if len(chunks) <= 1:
+        return list(chunks)
+    if spans is None:  # the body was re-serialised: boundaries are lost, keep one chunk
+        return []
+    ends: list[int] = []
+    total = 0
+    for _, n in chunks:
+        total += n
+        ends.append(total)
+    if spans:
+        ends = remap_offsets(ends, spans)
+    out: list[tuple[float, int]] = []
+    prev = 0
+    for (t, _), end in zip(chunks, ends, strict=True):
+        out.append((t, end - prev))
+        prev = end
+    return out

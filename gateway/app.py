@@ -1,13 +1,16 @@
-"""Wiring: the ``Gateway`` (what the stages use), the aiohttp app, and ``serve``.
+"""Wiring: builds every collaborator once, lists the observers of ended calls, and serves.
 
-Resources open and close in one ``cleanup_ctx`` generator each (state store, transport,
-audit file, policy watcher). The transport is chosen here, once, by mode.
+``build_gateway`` turns ``Settings`` into a ``Gateway``: the resources (state store,
+transport, audit file, trace exporter, approvals) and the ``Pipeline`` built from them.
+Resources open and close in one ``cleanup_ctx`` generator (state store, transport, audit
+file, policy watcher). The transport is chosen here, once, by mode.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -24,14 +27,18 @@ from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
 from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
+from gateway.call import CallObserver
 from gateway.config import Settings
-from gateway.credentials import CredentialStore
+from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError
-from gateway.pipeline import InFlight, run
+from gateway.inflight import InFlight
+from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.policy.source import PolicyError
+from gateway.protocols import PROTOCOLS
 from gateway.recording import build_transport
+from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.state import open_store
 from gateway.state.base import StateStore
@@ -46,25 +53,58 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
 HEALTH_PATH = "/_capgate/health"
 
 
+class PolicyHolder:
+    """The policy in force; ``match_policy`` reads it once per call, a reload swaps it."""
+
+    def __init__(self, policy: Policy, stamp: tuple[int, int] = (0, 0)) -> None:
+        self.policy = policy
+        self.stamp = stamp
+
+
 @dataclass(eq=False)
 class Gateway:
-    """The collaborators every stage reads; built once per process by ``build_gateway``."""
+    """One process's collaborators and the pipeline built from them (``build_gateway``)."""
 
     settings: Settings
-    policy: Policy
+    policies: PolicyHolder
     verifier: TokenVerifier
     state: StateStore
-    credentials: CredentialStore
+    credentials: Credentialing
     transport: Transport
     audit: AuditTrail
-    mac: BodyMac = field(default_factory=lambda: BodyMac(None))
-    mcp: Any = None
-    telemetry: Telemetry = field(default_factory=lambda: Telemetry(None))
-    approvals: Approvals = field(default_factory=lambda: Approvals(300.0))
+    mac: BodyMac
+    telemetry: Telemetry
+    approvals: Approvals
+    observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
-    started: float = 0.0
-    policy_stamp: tuple[int, int] = (0, 0)
-    extra: dict[str, Any] = field(default_factory=dict)
+    pipeline: Pipeline = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pipeline = Pipeline(
+            Services(
+                policies=self.policies,
+                protocols=PROTOCOLS,
+                verifier=self.verifier,
+                state=self.state,
+                credentials=self.credentials,
+                approvals=self.approvals,
+                inflight=self.inflight,
+                transport=self.transport,
+                mac=self.mac,
+                observers=self.observers,
+            )
+        )
+
+    @property
+    def policy(self) -> Policy:
+        return self.policies.policy
+
+    def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
+        """The same gateway sending through ``transport`` (tests, the example recording)."""
+        observers = tuple(o for o in self.observers if not isinstance(o, DenialRecorder))
+        if denials is not None:
+            observers += (DenialRecorder(denials),)
+        return dataclasses.replace(self, transport=transport, observers=observers)
 
     def reload_policy(self) -> bool:
         """Load the policy file again; swap it in only if it is valid. True when swapped."""
@@ -75,9 +115,9 @@ class Gateway:
             log.error("policy file %s cannot be read: %s; keeping the policy in force", path, exc)
             return False
         stamp = (st.st_mtime_ns, st.st_size)
-        if stamp == self.policy_stamp:
+        if stamp == self.policies.stamp:
             return False
-        self.policy_stamp = stamp
+        self.policies.stamp = stamp
         try:
             policy = load_policy(path)
             self.credentials.check_policy(policy)
@@ -92,7 +132,7 @@ class Gateway:
             return False
         if policy.digest == self.policy.digest:
             return False
-        self.policy = policy
+        self.policies.policy = policy
         log.info("policy reloaded from %s (digest %s)", path, policy.digest)
         return True
 
@@ -115,13 +155,18 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         raise ConfigError(f"policy {settings.policy} has errors:\n{exc}") from exc
     keyset = Keyset.from_file(settings.jwks, settings.tokens.algorithm)
     verifier = TokenVerifier(keyset, settings.tokens)
-    signing = load_private_key(settings.upstream_key) if settings.upstream_key else None
-    credentials = CredentialStore(
-        environ=environ,
-        base_dir=(settings.secrets_dir or settings.policy.resolve().parent).resolve(),
-        signing_key=signing,
-    )
-    if settings.mode != "replay":
+    credentials: Credentialing
+    if settings.mode == "replay":
+        # Replay never reaches an upstream, so CI needs none of the real secrets: each
+        # credential is a placeholder, recorded answers carry the same placeholder back.
+        credentials = PlaceholderCredentials()
+    else:
+        signing = load_private_key(settings.upstream_key) if settings.upstream_key else None
+        credentials = CredentialStore(
+            environ=environ,
+            base_dir=(settings.secrets_dir or settings.policy.resolve().parent).resolve(),
+            signing_key=signing,
+        )
         credentials.check_policy(policy)
     check_approvers(policy, settings)
     try:
@@ -129,9 +174,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     except ValueError as exc:
         raise ConfigError(f"state has value {settings.state!r}; {exc}") from exc
     st = settings.policy.stat()
-    from gateway.checks.mcp import McpGate
-
-    transport = build_transport(
+    transport, denials = build_transport(
         settings.mode,
         settings.recordings,
         LiveTransport(),
@@ -139,26 +182,26 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         sample=settings.sample,
         report_path=settings.replay_report,
     )
-    if settings.mode == "replay":
-        # Replay never reaches an upstream, so CI needs none of the real secrets: each
-        # credential is a placeholder, recorded answers carry the same placeholder back.
-        credentials = PlaceholderCredentials()  # type: ignore[assignment]
     key_path = audit_key_path(settings.audit, settings.audit_key)
-    gw = Gateway(
+    audit = AuditTrail(settings.audit)
+    telemetry = Telemetry(settings.traces)
+    # Every ended call, allowed or refused, is told to each of these, in this order.
+    observers: list[CallObserver] = [audit, telemetry]
+    if denials is not None:
+        observers.append(DenialRecorder(denials))
+    return Gateway(
         settings=settings,
-        mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
-        policy=policy,
+        policies=PolicyHolder(policy, (st.st_mtime_ns, st.st_size)),
         verifier=verifier,
         state=state,
         credentials=credentials,
         transport=transport,
-        audit=AuditTrail(settings.audit),
-        telemetry=Telemetry(settings.traces),
+        audit=audit,
+        mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
+        telemetry=telemetry,
         approvals=Approvals(settings.approval_timeout),
-        policy_stamp=(st.st_mtime_ns, st.st_size),
+        observers=tuple(observers),
     )
-    gw.mcp = McpGate(gw)
-    return gw
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -238,13 +281,15 @@ def create_app(gw: Gateway) -> web.Application:
     passed to the pipeline by a middleware, so they too get the target check's problem+json.
     """
 
+    run = gw.pipeline.run
+
     async def calls(request: web.Request) -> web.StreamResponse:
-        return await run(request, gw)
+        return await run(request)
 
     @web.middleware
     async def unroutable(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.match_info.http_exception is not None:
-            return await run(request, gw)
+            return await run(request)
         return await handler(request)
 
     app = web.Application(client_max_size=1024**3, middlewares=[unroutable])

@@ -14,10 +14,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from gateway.errors import ConfigError
 from gateway.secret_files import check_secret_file
+
+if TYPE_CHECKING:
+    from gateway.audit_record import AuditRecord
+    from gateway.call import Call
 
 GENESIS = "0" * 64
 AUDIT_KEY_BYTES = 32
@@ -105,6 +109,10 @@ class AuditTrail:
         self._prev = hashlib.sha256(last).hexdigest() if last else GENESIS
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._fh = os.fdopen(fd, "ab", buffering=64 * 1024)
+
+    def call_ended(self, call: Call, record: AuditRecord) -> None:
+        """Observer of ended calls: one line per call, from its closed audit record only."""
+        self.append(record.as_json())
 
     def append(self, record: dict[str, Any]) -> None:
         if self._fh is None:

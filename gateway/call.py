@@ -1,19 +1,32 @@
-"""``Call``: the record of one agent request that the stages read and annotate in order."""
+"""``Call``: the typed record of one agent request, filled in by the stages in order.
+
+Every slot has one writer (the stage named beside it) and a type. Nothing here is written to
+the audit as it is: the audit stage builds a closed ``AuditRecord`` from a few of these
+slots (ids, names, decisions, digests), so a slot holding a body, SQL text or tool arguments
+can never leak through it.
+
+An ``Operation`` is one thing the call asks the upstream to do, matched to one rule: a plain
+HTTP request is one operation; an MCP POST is one per JSON-RPC message. Every operation is
+matched, checked, limited and counted on its own.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.checks.payload import Findings
 from gateway.errors import GatewayError, PayloadTooLarge
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from gateway.audit_record import BodyDigest
+    from gateway.audit_record import AuditRecord, BodyDigest
+    from gateway.checks.payload import Payload
     from gateway.credentials import Injection
     from gateway.policy.model import Match, Policy, Upstream
     from gateway.target import Target
@@ -21,7 +34,26 @@ if TYPE_CHECKING:
     from gateway.transports.base import UpstreamResponse
 
 
-@dataclass(eq=False)
+@dataclass(slots=True)
+class Operation:
+    """One thing a call asks for: matched to one rule, then checked and counted under it."""
+
+    kind: str  # "request" (a whole HTTP request), "tool" (an MCP tools/call), "protocol"
+    method: str  # the method rules are matched with
+    tool: str | None = None  # the MCP tool, for a tools/call
+    payload: Payload | None = None  # what the rule's checks read; None: the call's body
+    match: Match | None = None  # set by match_policy
+
+    @property
+    def governed(self) -> bool:
+        """Whether the matched rule's checks, limits and quotas apply to this operation.
+
+        A protocol message (an MCP handshake, ping, listing, notification) is allowed by any
+        rule on the endpoint but does nothing under it: it is not checked or counted."""
+        return self.kind != "protocol"
+
+
+@dataclass(eq=False, slots=True)
 class Call:
     """Everything known about one call; each stage fills in its part."""
 
@@ -32,35 +64,43 @@ class Call:
     request: web.BaseRequest | None = None  # None when built by tests or `policy explain`
     started: float = field(default_factory=time.monotonic)
     wall_started: float = field(default_factory=time.time)
-    body: bytes | None = None  # set once read (payload checks need it whole)
+    body: bytes | None = None  # the body as read (and, once checked, as it will be forwarded)
 
     # filled in by the stages, in order
-    target: Target | None = None
-    claims: Claims | None = None
-    policy: Policy | None = None  # the policy in force when the call arrived
-    upstream: Upstream | None = None
-    match: Match | None = None
-    tool: str | None = None  # MCP tool name, when the call is a tools/call
-    facts: dict[str, Any] = field(default_factory=dict)  # what checks found (sql kinds, ...)
-    outbound_headers: CIMultiDict[str] | None = None
-    injection: Injection | None = None
-    response: UpstreamResponse | None = None
-    status: int | None = None  # the status sent to the agent
-    response_bytes: int = 0
-    error: GatewayError | None = None
+    target: Target | None = None  # receive
+    claims: Claims | None = None  # authenticate
+    state_error: GatewayError | None = None  # authenticate: the store could not vouch
+    policy: Policy | None = None  # match_policy: the policy in force when the call arrived
+    upstream: Upstream | None = None  # match_policy
+    protocol: CallProtocol | None = None  # match_policy: chosen by the upstream's kind
+    inspection: object | None = None  # match_policy: the protocol's own parse of the request
+    operations: list[Operation] = field(default_factory=list)  # match_policy
+    match: Match | None = None  # match_policy: the rule the call is attributed to
+    findings: Findings = field(default_factory=Findings)  # validate
+    state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
+    approval: str | None = None  # approve: the approval that let the call go on
+    outbound_headers: CIMultiDict[str] | None = None  # inject
+    injection: Injection | None = None  # inject
+    dispatched: bool = False  # dispatch: the call was handed to the transport
+    response: UpstreamResponse | None = None  # dispatch
+    request_digest: BodyDigest | None = None  # dispatch: a streamed body's size and digest
+    status: int | None = None  # respond: the status sent to the agent
+    response_bytes: int = 0  # respond
+    response_digest: BodyDigest | None = None  # respond
+    streaming: bool = False  # respond: the response's head was sent to the agent
+    error: GatewayError | None = None  # any stage: why the call was refused or cut
     revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
-    state_error: GatewayError | None = None  # the state store could not answer (fail closed)
-    streaming: bool = False  # the response's head was sent to the agent
-    approval: str | None = None  # the approval that let the call go on
-    state_error_allowed: bool = False  # the rule let the call on while state was unreachable
-    request_digest: BodyDigest | None = None  # a streamed body's size and keyed digest
-    response_digest: BodyDigest | None = None  # the response body's size and keyed digest
 
     @property
     def rule_id(self) -> str | None:
         if self.match is not None:
             return self.match.rule.id
         return self.error.rule if self.error is not None else None
+
+    @property
+    def tools(self) -> list[str]:
+        """The MCP tools the call asks to run, in order."""
+        return [op.tool for op in self.operations if op.tool is not None]
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body, refusing more than ``limit`` bytes (read at most once)."""
@@ -83,3 +123,59 @@ class Call:
             chunks.append(chunk)
         self.body = b"".join(chunks)
         return self.body
+
+
+class CallObserver(Protocol):
+    """Told of every call once it has ended (answered or refused): the audit trail, the
+    trace exporter, the recorder of denials, the live event stream."""
+
+    def call_ended(self, call: Call, record: AuditRecord) -> None:
+        """Must not raise for a reason the call caused; a failure is logged by the pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A refusal in a protocol's own shape; ``respond`` turns it into the HTTP answer."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class CallProtocol(Protocol):
+    """The hooks through which a protocol (``gateway/protocols/``) shapes a call.
+
+    =====================  ===============  ==============================================
+    hook                   called by        does
+    =====================  ===============  ==============================================
+    ``inspect``            match_policy     reads the request as far as needed and says
+                                            what it asks for: one ``Operation`` per thing
+                                            to match
+    ``finish``             validate         folds payloads the checks rewrote into the
+                                            bytes that will be forwarded
+    ``forwards_header``    inject           extra request headers the protocol needs
+    ``rewrite_response``   respond          rewrites an answer on its way back (or None)
+    ``refusal``            respond          the shape of a refusal the agent's client
+                                            expects (or None for problem+json)
+    =====================  ===============  ==============================================
+    """
+
+    kind: str
+
+    async def inspect(self, call: Call) -> list[Operation]:
+        """What the call asks for; raise a ``GatewayError`` when it cannot be read."""
+
+    def finish(self, call: Call) -> None:
+        """After every check passed: make ``call.body`` say what the checked payloads say."""
+
+    def forwards_header(self, name: str) -> bool:
+        """Whether the lower-case request header ``name`` is forwarded for this protocol."""
+
+    def rewrite_response(
+        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
+    ) -> AsyncIterator[bytes] | None:
+        """The answer's body rewritten (its length changes), or None to pass it as it is."""
+
+    def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
+        """The refusal in this protocol's shape, or None for problem+json."""

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import jwt
 
@@ -64,6 +65,17 @@ class Injection:
     value: Secret  # the whole header value, prefix included
     secret: Secret  # the bare secret, which must never reach the agent
     name: str  # a stable name for the secret, used by recordings: "<upstream>:<type>"
+
+
+class Credentialing(Protocol):
+    """What the gateway asks of a credential source: ``CredentialStore``, or in replay mode
+    ``PlaceholderCredentials``."""
+
+    def check_policy(self, policy: Policy) -> None:
+        """Fail at start (``ConfigError``) for a credential that cannot be resolved."""
+
+    def injection(self, upstream: str, creds: Credentials, agent: str) -> Injection | None:
+        """The header to add for this agent on this upstream, or None."""
 
 
 class CredentialStore:

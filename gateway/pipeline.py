@@ -1,11 +1,14 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
     receive -> authenticate -> match_policy -> validate -> throttle -> approve -> inject
-            -> dispatch (live upstream | recorder | replay) -> respond -> audit
+            -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
 that escapes is a bug: it is logged with its traceback, and the call is denied with
 ``internal_error`` (fail closed); the agent gets only the request id.
+
+A stage is an object built once with the collaborators it uses (``Services``), and called
+with the ``Call``. Nothing below this module knows how the gateway is wired.
 """
 
 from __future__ import annotations
@@ -13,123 +16,125 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.call import Call
-from gateway.errors import GatewayError, InternalError, TokenRevoked
-from gateway.recording.denial import denial_of
-from gateway.stages.approve import approve
-from gateway.stages.audit import audit
-from gateway.stages.authenticate import authenticate, check_revoked
-from gateway.stages.dispatch import dispatch
-from gateway.stages.inject import inject
-from gateway.stages.match_policy import match_policy
-from gateway.stages.receive import receive
-from gateway.stages.respond import refusal, respond
-from gateway.stages.throttle import throttle
-from gateway.stages.validate import validate
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.approvals import Approvals
+from gateway.audit_record import BodyMac
+from gateway.call import Call, CallObserver, CallProtocol
+from gateway.credentials import Credentialing
+from gateway.errors import GatewayError, InternalError
+from gateway.inflight import InFlight
+from gateway.stages.approve import Approve
+from gateway.stages.audit import Audit
+from gateway.stages.authenticate import Authenticate, RevocationCheck
+from gateway.stages.dispatch import Dispatch
+from gateway.stages.inject import Inject
+from gateway.stages.match_policy import MatchPolicy, PolicySource
+from gateway.stages.receive import Receive
+from gateway.stages.respond import Respond, refusal
+from gateway.stages.throttle import Throttle
+from gateway.stages.validate import Validate
+from gateway.state.base import StateStore
+from gateway.tokens import TokenVerifier
+from gateway.transports.base import Transport
 
 log = logging.getLogger("capgate")
 
-CHECKS = (receive, authenticate, match_policy, validate, throttle, approve, inject)
+Stage = Callable[[Call], Awaitable[None]]
+
+
+@dataclass(frozen=True, eq=False)
+class Services:
+    """What the stages are built with; ``app.py`` builds one per process."""
+
+    policies: PolicySource
+    protocols: Mapping[str, CallProtocol]
+    verifier: TokenVerifier
+    state: StateStore
+    credentials: Credentialing
+    approvals: Approvals
+    inflight: InFlight
+    transport: Transport
+    mac: BodyMac
+    observers: Sequence[CallObserver]
 
 
 def new_request_id() -> str:
     return os.urandom(8).hex()
 
 
-async def decide(call: Call, gw: Gateway) -> None:
-    """Run every check stage; ``call.error`` says why the call was refused, if it was."""
-    try:
-        for stage in CHECKS:
-            await stage(call, gw)
-    except GatewayError as exc:
-        call.error = exc
-    except Exception as exc:
-        _deny_bug(call, exc)
+class Pipeline:
+    """One call from the agent's request to the answer, the stages written down once."""
+
+    def __init__(self, services: Services) -> None:
+        self.inflight = services.inflight
+        self.revocation = RevocationCheck(services.state)
+        self.checks: tuple[Stage, ...] = (
+            Receive(),
+            Authenticate(services.verifier, self.revocation),
+            MatchPolicy(services.policies, services.protocols),
+            Validate(),
+            Throttle(services.state),
+            Approve(services.approvals, services.inflight),
+            Inject(services.credentials),
+        )
+        self.dispatch = Dispatch(services.transport, services.mac)
+        self.respond = Respond(services.mac)
+        self.audit = Audit(services.mac, services.observers)
+
+    async def decide(self, call: Call) -> None:
+        """Run every check stage; ``call.error`` says why the call was refused, if it was."""
+        try:
+            for stage in self.checks:
+                await stage(call)
+        except GatewayError as exc:
+            call.error = exc
+        except Exception as exc:
+            _deny_bug(call, exc)
+
+    async def run(self, request: web.BaseRequest) -> web.StreamResponse:
+        call = Call(
+            method=request.method,
+            raw_target=request.raw_path,
+            headers=request.headers,
+            request_id=new_request_id(),
+            request=request,
+        )
+        task = asyncio.current_task()
+        try:
+            await self.decide(call)
+            if call.error is None:
+                self.inflight.add(call, task)
+                try:
+                    # A revocation that arrived since the token was checked still stops it.
+                    self.revocation(call)
+                    await self.dispatch(call)
+                except GatewayError as exc:
+                    call.error = exc
+                except Exception as exc:
+                    _deny_bug(call, exc)
+            return await self.respond(call)
+        except asyncio.CancelledError:
+            # A revocation cancels the calls in flight of the revoked token, agent or run;
+            # the upstream connection was closed as the cancellation unwound the transport.
+            if call.revoked is None or task is None:
+                raise
+            task.uncancel()
+            call.error = call.revoked
+            if call.streaming:
+                if request.transport is not None:
+                    request.transport.close()
+                raise
+            return refusal(call, call.revoked)
+        finally:
+            self.inflight.discard(call)
+            self.audit(call)
 
 
 def _deny_bug(call: Call, exc: Exception) -> None:
     """A bug: the traceback goes to the log, the call is denied, the agent learns nothing."""
     log.exception("internal error in request %s", call.request_id)
     call.error = InternalError.wrap(exc)
-
-
-async def run(request: web.BaseRequest, gw: Gateway) -> web.StreamResponse:
-    call = Call(
-        method=request.method,
-        raw_target=request.raw_path,
-        headers=request.headers,
-        request_id=new_request_id(),
-        request=request,
-    )
-    task = asyncio.current_task()
-    try:
-        await decide(call, gw)
-        if call.error is not None:
-            try:
-                gw.transport.observe_denial(denial_of(call))
-            except Exception:  # a recorder's failure must not change an answer already decided
-                log.exception("could not record the denial of request %s", call.request_id)
-        else:
-            gw.inflight.add(call, task)
-            try:
-                # A revocation that arrived since the token was checked still stops the call.
-                check_revoked(call, gw)
-                await dispatch(call, gw)
-            except GatewayError as exc:
-                call.error = exc
-            except Exception as exc:
-                _deny_bug(call, exc)
-        return await respond(call, gw, request)
-    except asyncio.CancelledError:
-        # A revocation cancels the calls in flight of the revoked token, agent or run; the
-        # upstream connection was closed as the cancellation unwound through the transport.
-        if call.revoked is None or task is None:
-            raise
-        task.uncancel()
-        call.error = call.revoked
-        if call.streaming:
-            if request.transport is not None:
-                request.transport.close()
-            raise
-        return refusal(call, call.revoked)
-    finally:
-        gw.inflight.discard(call)
-        audit(call, gw)
-
-
-class InFlight:
-    """Calls being forwarded, so that a revocation can cancel them."""
-
-    def __init__(self) -> None:
-        self._calls: dict[Call, asyncio.Task[Any]] = {}
-
-    def add(self, call: Call, task: asyncio.Task[Any] | None) -> None:
-        if task is not None:
-            self._calls[call] = task
-
-    def discard(self, call: Call) -> None:
-        self._calls.pop(call, None)
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def cancel(self, kind: str, value: str) -> int:
-        """Cancel every call whose token matches a new revocation; the number cancelled."""
-        cancelled = 0
-        for call, task in list(self._calls.items()):
-            claims = call.claims
-            if claims is None:
-                continue
-            hit = {"jti": claims.jti, "agent": claims.agent, "run": claims.run}.get(kind)
-            if hit == value and call.revoked is None:
-                call.revoked = TokenRevoked(f"this token's {kind} was revoked during the call")
-                task.cancel()
-                cancelled += 1
-        return cancelled

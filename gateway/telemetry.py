@@ -78,7 +78,7 @@ class Telemetry:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def record(self, call: Call, audit: AuditRecord) -> None:
+    def call_ended(self, call: Call, audit: AuditRecord) -> None:
         """One span for the call that just ended, from its audit record and nothing else."""
         if self._tracer is None:
             return

@@ -96,7 +96,7 @@ async def record_example(out: Path) -> None:
             )
             example = load_policy(EXAMPLE_POLICY)
             recorder.writer.upstreams = {n: str(u.url) for n, u in example.upstreams.items()}
-            gw.transport = recorder
+            gw = gw.with_transport(recorder, recorder)
             runner = web.AppRunner(create_app(gw), access_log=None, handle_signals=False)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

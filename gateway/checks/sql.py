@@ -71,7 +71,6 @@ This check is defence in depth: the database role behind a read tool should be r
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import re
 import threading
@@ -81,7 +80,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import sqlglot
 from ruamel.yaml import YAML
@@ -94,13 +93,9 @@ from sqlglot.optimizer.scope import Scope, traverse_scope, walk_in_scope
 from sqlglot.tokenizer_core import Token, TokenType
 from sqlglot.tokens import SQLGLOTC_INSTALLED
 
-from gateway.checks.body import call_json, parse_json
+from gateway.checks.payload import BodyPayload, CheckContext, Payload, ToolCallPayload
 from gateway.errors import BodyInvalid, SqlDenied, ToolDenied
-from gateway.policy.load import register_payload_check
 from gateway.policy.source import Node
-
-if TYPE_CHECKING:
-    from gateway.call import Call
 
 logger = logging.getLogger("capgate.checks.sql")
 
@@ -1669,35 +1664,31 @@ class SqlBodyCheck:
     field: tuple[str, ...] | None = None  # JSON body field path, e.g. ("query", "text")
     raw: bool = False  # the whole body is the SQL
     argument: str | None = None  # MCP: the tools/call argument holding the SQL
-    tool: str | None = None  # MCP: the tool of the rule
 
-    def check(self, call: Call) -> None:
-        if self.argument is not None:
-            self._check_tool_call(call)
-        elif self.raw:
-            self._check_raw(call)
+    def check(self, payload: Payload) -> None:
+        if isinstance(payload, ToolCallPayload):
+            self._check_tool_call(payload)
+        elif isinstance(payload, BodyPayload) and self.argument is None:
+            if self.raw:
+                self._check_raw(payload)
+            else:
+                self._check_field(payload)
         else:
-            self._check_field(call)
+            raise SqlDenied("the SQL could not be found where the rule says", rule=self.rule_id)
 
-    def _record(self, call: Call, verdict: SqlVerdict) -> None:
-        facts = call.facts.setdefault("sql", {"kinds": [], "tables": [], "rewritten": False})
-        facts["kinds"] = sorted(set(facts["kinds"]) | set(verdict.kinds))
-        facts["tables"] = sorted(set(facts["tables"]) | set(verdict.tables))
-        facts["rewritten"] = bool(facts["rewritten"] or verdict.rewritten)
-
-    def _check_raw(self, call: Call) -> None:
+    def _check_raw(self, payload: BodyPayload) -> None:
         try:
-            text = (call.body or b"").decode("utf-8")
+            text = payload.raw.decode("utf-8")
         except UnicodeDecodeError:
             raise BodyInvalid("the SQL body is not UTF-8 text", rule=self.rule_id) from None
         verdict = self.policy.check(text)
-        self._record(call, verdict)
+        payload.findings.note_sql(verdict.kinds, verdict.tables)
         if verdict.rewritten:
-            call.body = verdict.sql.encode("utf-8")
+            payload.replace_raw(verdict.sql.encode("utf-8"))
 
-    def _check_field(self, call: Call) -> None:
+    def _check_field(self, payload: BodyPayload) -> None:
         assert self.field is not None
-        value = call_json(call)
+        value = payload.json()
         container = value
         for part in self.field[:-1]:
             container = container.get(part) if isinstance(container, dict) else None
@@ -1711,54 +1702,25 @@ class SqlBodyCheck:
                 errors=[{"pointer": pointer, "keyword": "sql", "message": "a string is required"}],
             )
         verdict = self.policy.check(text)
-        self._record(call, verdict)
+        payload.findings.note_sql(verdict.kinds, verdict.tables)
         if verdict.rewritten:
             assert isinstance(container, dict)
             container[key] = verdict.sql
-            call.facts["json"] = value
-            call.body = _dump_json(value)
+            payload.replace_json(value)
 
-    def _check_tool_call(self, call: Call) -> None:
-        assert self.argument is not None
-        info = call.facts.get("mcp")
-        messages = list(info["messages"]) if isinstance(info, dict) else []
-        picked = [
-            (i, m)
-            for i, m in enumerate(messages)
-            if getattr(m, "tool", None) is not None and (self.tool is None or m.tool == self.tool)
-        ]
-        if not picked:
-            raise SqlDenied(
-                "no MCP tools/call for this rule's tool was found to check its SQL",
+    def _check_tool_call(self, payload: ToolCallPayload) -> None:
+        if self.argument is None:
+            raise SqlDenied("the rule's SQL is not in a tool argument", rule=self.rule_id)
+        text = payload.arguments.get(self.argument)
+        if not isinstance(text, str):
+            raise ToolDenied(
+                f"tool {payload.tool!r} needs the SQL as a string in argument {self.argument!r}",
                 rule=self.rule_id,
             )
-        rewrites: dict[int, str] = {}
-        for index, message in picked:
-            arguments = message.arguments or {}
-            text = arguments.get(self.argument)
-            if not isinstance(text, str):
-                raise ToolDenied(
-                    f"tool {message.tool!r} needs the SQL as a string in argument "
-                    f"{self.argument!r}",
-                    rule=self.rule_id,
-                )
-            verdict = self.policy.check(text)
-            self._record(call, verdict)
-            if verdict.rewritten:
-                arguments[self.argument] = verdict.sql
-                rewrites[index] = verdict.sql
-        if rewrites:
-            value = parse_json(call.body or b"")
-            items = value if isinstance(value, list) else [value]
-            for index, sql in rewrites.items():
-                items[index]["params"]["arguments"][self.argument] = sql
-            call.body = _dump_json(value)
-
-
-def _dump_json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
-        "utf-8"
-    )
+        verdict = self.policy.check(text)
+        payload.findings.note_sql(verdict.kinds, verdict.tables)
+        if verdict.rewritten:
+            payload.replace_argument(self.argument, verdict.sql)
 
 
 # --- the policy file ----------------------------------------------------------------------------
@@ -1842,16 +1804,15 @@ def _schema_from_file(node: Node, dialect: str | None) -> dict[str, list[str]] |
     return schema if not sub.issues else None
 
 
-def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | None:
+def compile_sql_check(node: Node, context: CheckContext) -> SqlBodyCheck | None:
     """The ``sql:`` key of a rule -> ``SqlBodyCheck``; errors go to ``node.fail``."""
     issues_before = len(node.issues)
     m = node.as_map(required=("dialect", "tables"), optional=SQL_KEYS)
     if m is None:
         return None
     dialect = m["dialect"].as_choice(DIALECTS) if "dialect" in m else None
-    rule_id = context.get("rule_id")
-    tool = context.get("tool")
-    upstream = context.get("upstream")
+    rule_id = context.rule_id
+    tool = context.tool
 
     # Where the SQL is.
     places = [k for k in ("field", "body", "argument") if k in m]
@@ -1868,7 +1829,7 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
             argument = value
             if not value:
                 m["argument"].fail(f"{m['argument'].where}: the argument name is empty")
-    elif upstream is not None and getattr(upstream, "kind", "http") == "mcp":
+    elif context.upstream_kind == "mcp":
         node.fail(f"{node.where}: SQL on an MCP upstream needs the rule to name a 'tool'")
     elif len(places) != 1 or places == ["argument"]:
         node.fail(
@@ -2008,8 +1969,5 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
         node.fail(f"{node.where}: {exc}")
         return None
     return SqlBodyCheck(
-        policy=policy, rule_id=rule_id, field=field_path, raw=raw, argument=argument, tool=tool
+        policy=policy, rule_id=rule_id, field=field_path, raw=raw, argument=argument
     )
-
-
-register_payload_check("sql", compile_sql_check)

@@ -1,8 +1,9 @@
 """``capgate policy explain``: the decision the gateway would make, without sending anything.
 
-It runs the same stages as the gateway (``receive``, ``match_policy``, ``validate``) on a
-call built from the command line, with claims made from ``--role``/``--agent``/``--cap``
-instead of a verified token. Nothing is sent upstream and no state store is touched.
+It runs the gateway's own stages (``Receive``, ``MatchPolicy``, ``Validate``, with the
+protocols the gateway uses) on a call built from the command line, with claims made from
+``--role``/``--agent``/``--cap`` instead of a verified token. Nothing is sent upstream and no
+state store is touched.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 from multidict import CIMultiDict
 
 from gateway.call import Call
-from gateway.checks.mcp import McpGate
 from gateway.errors import GatewayError, InternalError
 from gateway.policy.model import Policy
-from gateway.stages.match_policy import match_policy
-from gateway.stages.receive import receive
-from gateway.stages.validate import validate
+from gateway.protocols import PROTOCOLS
+from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.receive import Receive
+from gateway.stages.validate import Validate
 from gateway.tokens import Claims
 
 _ABSOLUTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
@@ -34,12 +35,11 @@ def raw_target_of(url: str) -> str:
     return url
 
 
-@dataclass
-class _ExplainGateway:
-    """The parts of ``Gateway`` the policy stages read."""
+@dataclass(frozen=True)
+class _Fixed:
+    """One policy, for the one call explained."""
 
     policy: Policy
-    mcp: Any = None
 
 
 async def explain(
@@ -77,12 +77,10 @@ async def explain(
         body=body if body is not None else b"",
     )
     call.claims = claims
-    gw = _ExplainGateway(policy=policy)
-    gw.mcp = McpGate(gw)
+    stages = (Receive(), MatchPolicy(_Fixed(policy), PROTOCOLS), Validate())
     try:
-        await receive(call, gw)  # type: ignore[arg-type]
-        await match_policy(call, gw)  # type: ignore[arg-type]
-        await validate(call, gw)  # type: ignore[arg-type]
+        for stage in stages:
+            await stage(call)
     except GatewayError as exc:
         call.error = exc
     except Exception as exc:  # the same fail-closed rule as the gateway
@@ -91,10 +89,22 @@ async def explain(
 
 
 def decision_of(call: Call) -> dict[str, Any]:
-    facts = {k: v for k, v in call.facts.items() if k not in ("json", "mcp")}
-    if "mcp" in call.facts:
-        facts["mcp"] = [
-            {"id": m.id, "method": m.method, "tool": m.tool} for m in call.facts["mcp"]["messages"]
+    facts: dict[str, Any] = {}
+    findings = call.findings
+    if findings.sql_kinds or findings.sql_tables:
+        facts["sql"] = {
+            "kinds": sorted(findings.sql_kinds),
+            "tables": sorted(findings.sql_tables),
+            "rewritten": findings.rewritten,
+        }
+    if call.upstream is not None and call.upstream.kind != "http" and call.operations:
+        facts["operations"] = [
+            {
+                "kind": op.kind,
+                "tool": op.tool,
+                "rule": op.match.rule.id if op.match is not None else None,
+            }
+            for op in call.operations
         ]
     out: dict[str, Any] = {
         "decision": "deny" if call.error else "allow",
@@ -104,8 +114,8 @@ def decision_of(call: Call) -> dict[str, Any]:
         "target": call.raw_target,
         "upstream": call.target.upstream if call.target else None,
     }
-    if call.tool is not None:
-        out["tool"] = call.tool
+    if call.tools:
+        out["tool"] = call.tools[0]
     if call.error is not None:
         out["status"] = call.error.status
         out["detail"] = call.error.detail
@@ -117,7 +127,7 @@ def decision_of(call: Call) -> dict[str, Any]:
         out["matched"] = rule.describe()
         out["params"] = dict(call.match.params)
         out["approval"] = "required" if rule.approval else "none"
-        if call.body is not None and call.facts.get("sql", {}).get("rewritten"):
+        if call.body is not None and call.findings.rewritten:
             out["forwarded_body"] = call.body.decode("utf-8", "replace")
     if facts:
         out["facts"] = facts

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from yarl import URL
 
+from gateway.checks import PAYLOAD_CHECKS, CheckContext, PayloadCheck
 from gateway.policy.model import (
     METHODS,
     Constraint,
     Credentials,
     PathPattern,
-    PayloadCheck,
     Policy,
     Role,
     Rule,
@@ -55,11 +54,6 @@ RESERVED_HEADERS = frozenset(
     }
 )
 
-# Payload checks a rule may carry: key in the rule -> compiler(node, rule context) -> check.
-# Each checks module registers itself here; the loader knows nothing of SQL or MCP.
-PayloadCompiler = Callable[[Node, dict[str, Any]], PayloadCheck | None]
-PAYLOAD_COMPILERS: dict[str, PayloadCompiler] = {}
-
 RULE_KEYS = (
     "id",
     "upstream",
@@ -79,18 +73,8 @@ RULE_KEYS = (
 )
 
 
-def register_payload_check(key: str, compiler: PayloadCompiler) -> None:
-    PAYLOAD_COMPILERS[key] = compiler
-
-
-def _ensure_checks_registered() -> None:
-    # Importing the checks package registers its compilers (body, sql, mcp).
-    import gateway.checks  # noqa: F401
-
-
 def load_policy(path: str | Path, text: str | None = None) -> Policy:
     """Load and compile a policy file; raise ``PolicyError`` with every problem found."""
-    _ensure_checks_registered()
     root = read_document(path, text)
     raw_text = text if text is not None else Path(path).read_text("utf-8")
     doc = root.as_map(required=("version", "upstreams", "roles"), optional=("description",))
@@ -268,7 +252,7 @@ def _role(
 
 
 def _rate(node: Node) -> Any:
-    from gateway.limits import parse_rate
+    from gateway.rates import parse_rate
 
     text = node.as_str(what="a rate such as 60/minute")
     if text is None:
@@ -289,7 +273,7 @@ def _rule(
 ) -> Rule | None:
     m = node.as_map(
         required=("id", "upstream", "allow"),
-        optional=RULE_KEYS + tuple(PAYLOAD_COMPILERS),
+        optional=RULE_KEYS + tuple(PAYLOAD_CHECKS),
     )
     if m is None:
         return None
@@ -355,13 +339,13 @@ def _rule(
     on_state_error = (
         m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     )
-    context: dict[str, Any] = {
-        "rule_id": rule_id,
-        "upstream": upstreams.get(upstream) if upstream else None,
-        "tool": tool,
-    }
+    context = CheckContext(
+        rule_id=rule_id,
+        tool=tool,
+        upstream_kind=upstreams[upstream].kind if upstream else None,
+    )
     checks: list[PayloadCheck] = []
-    for key, compiler in PAYLOAD_COMPILERS.items():
+    for key, compiler in PAYLOAD_CHECKS.items():
         if key in m:
             check = compiler(m[key], context)
             if check is not None:

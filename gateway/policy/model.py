@@ -14,23 +14,17 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
 from gateway.errors import NoRule, QueryInvalid, ToolDenied
 from gateway.target import Target
 
+if TYPE_CHECKING:
+    from gateway.checks.payload import PayloadCheck
+
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-
-
-class PayloadCheck(Protocol):
-    """A compiled check of a call's payload (JSON Schema, SQL, MCP tool), from a rule."""
-
-    kind: str
-
-    def check(self, call: Any) -> None:
-        """Raise a ``GatewayError`` when the payload breaks the rule; may rewrite the body."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from gateway.errors import ConfigError
+from gateway.recording.denial import DenialSink
 from gateway.recording.format import RecordingError
 from gateway.transports.base import Transport
 
 MODES = ("live", "record", "replay", "replay-or-record", "shadow")
+
+
+class ModeTransport(NamedTuple):
+    """The transport of a mode, and where refused calls are told (record and replay)."""
+
+    transport: Transport
+    denials: DenialSink | None
 
 
 def build_transport(
@@ -53,7 +62,7 @@ def build_transport(
     report_path: Path | None = None,
     repeat_last: bool | Collection[str] = False,
     run_map: Mapping[str, str] | None = None,
-) -> Transport:
+) -> ModeTransport:
     """The transport for ``mode``; ``ConfigError`` (one readable line) when it cannot be built.
 
     =====================  ===============================================================
@@ -82,20 +91,21 @@ def build_transport(
     if mode not in MODES:
         raise ConfigError(f"mode has value {mode!r}; expected one of {list(MODES)}")
     if mode == "live":
-        return live
+        return ModeTransport(live, None)
     if directory is None:
         raise ConfigError(f"mode {mode} needs a recordings directory (--recordings DIR)")
     if sample is not None and not 0.0 <= sample <= 1.0:
         raise ConfigError(f"sample has value {sample!r}; expected a fraction between 0 and 1")
     try:
+        transport: RecordTransport | ReplayTransport | ReplayOrRecordTransport | ShadowTransport
         if mode == "record":
-            return RecordTransport(live, directory, sample=sample)
-        if mode == "replay":
-            return ReplayTransport(
+            transport = RecordTransport(live, directory, sample=sample)
+        elif mode == "replay":
+            transport = ReplayTransport(
                 directory, repeat_last=repeat_last, run_map=run_map, report_path=report_path
             )
-        if mode == "replay-or-record":
-            return ReplayOrRecordTransport(
+        elif mode == "replay-or-record":
+            transport = ReplayOrRecordTransport(
                 directory,
                 live,
                 ci=ci,
@@ -104,9 +114,11 @@ def build_transport(
                 run_map=run_map,
                 report_path=report_path,
             )
-        return ShadowTransport(directory, live, run_map=run_map, report_path=report_path)
+        else:
+            transport = ShadowTransport(directory, live, run_map=run_map, report_path=report_path)
     except RecordingError as exc:
         raise ConfigError(f"recordings: {exc}") from None
+    return ModeTransport(transport, transport)
 
 
-__all__ = ["MODES", "RecordingError", "build_transport"]
+__all__ = ["MODES", "ModeTransport", "RecordingError", "build_transport"]

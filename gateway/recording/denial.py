@@ -1,19 +1,20 @@
-"""``Denial``: a call the gateway refused before sending it, as transports observe it.
+"""``Denial``: a call the gateway refused before sending it, as recorders observe it.
 
-The pipeline calls ``gw.transport.observe_denial(denial_of(call))`` for every call that its
-checks refused (``call.error`` set by ``decide``). The live transport ignores it; the
-recorder writes it (so a recording holds the denials too, for replay reports and policy
-regression); the replay transport checks it against the recorded denials.
+``DenialRecorder`` is an observer of ended calls (listed in ``app.py`` when the mode records
+or replays): for every call refused before it was sent, it hands ``denial_of(call)`` to its
+``DenialSink``. The recorder writes it (so a recording holds the denials too, for replay
+reports and policy regression); replay checks it against the recorded denials.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from gateway.stages.inject import HOP_BY_HOP
+from gateway.http_headers import HOP_BY_HOP
 
 if TYPE_CHECKING:
+    from gateway.audit_record import AuditRecord
     from gateway.call import Call
 
 # The agent's headers kept with a denial: everything but routing and framing. Credentials
@@ -68,3 +69,20 @@ def denial_of(call: Call) -> Denial:
         caps=claims.caps if claims else None,
         wall=call.wall_started,
     )
+
+
+class DenialSink(Protocol):
+    def observe_denial(self, denial: Denial) -> None:
+        """A call the checks refused (never sent)."""
+
+
+class DenialRecorder:
+    """Observer of ended calls: tells its sink of each call refused before it was sent."""
+
+    def __init__(self, sink: DenialSink) -> None:
+        self.sink = sink
+
+    def call_ended(self, call: Call, record: AuditRecord) -> None:
+        if call.error is None or call.dispatched:
+            return
+        self.sink.observe_denial(denial_of(call))

@@ -29,12 +29,12 @@ from typing import Any
 from urllib.parse import unquote, urlencode
 
 from gateway import __version__
+from gateway.http_headers import HOP_BY_HOP
 from gateway.recording.format import RecordingError, parse_iso_time
 from gateway.recording.model import Decision, Entry, ErrorInfo, Exchange, ResponseData
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import HeaderValue
 from gateway.recording.writer import RecordingWriter
-from gateway.stages.inject import HOP_BY_HOP
 
 RESPONSE_DROP = HOP_BY_HOP | {"content-encoding", "content-length"}
 

@@ -1,15 +1,20 @@
-"""audit: the call's closed ``AuditRecord``, handed to the audit trail and the trace span."""
+"""audit: the ended call's closed ``AuditRecord``, handed to every observer.
+
+The observers (the audit trail, trace spans, the recorder of denials, ...) are listed once,
+in ``app.py``. Each is told of every call, allowed or denied; one observer's failure is
+logged and never changes the answer or keeps the others from being told.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from gateway.audit_record import MAX_PATH, AuditRecord, BodyMac, names, timestamp
+from gateway.call import Call, CallObserver
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.call import Call
+log = logging.getLogger("capgate")
 
 
 def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
@@ -26,13 +31,7 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     request_body = call.request_digest
     if request_body is None and call.body is not None:
         request_body = mac.of(call.body)
-    sql = call.facts.get("sql") if call.error is None else None
-    mcp = call.facts.get("mcp")
-    tools = (
-        names(mac, (m.tool for m in mcp["messages"] if m.tool is not None))
-        if isinstance(mcp, dict)
-        else ()
-    )
+    findings = call.findings
     return AuditRecord(
         time=timestamp(call.wall_started),
         request_id=call.request_id,
@@ -50,15 +49,23 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         duration_ms=round((time.monotonic() - call.started) * 1000, 3),
         request_body=request_body,
         response_body=call.response_digest,
-        sql_kinds=names(mac, sql["kinds"]) if sql else (),
-        sql_tables=names(mac, sql["tables"]) if sql else (),
-        tools=tools,
+        sql_kinds=names(mac, sorted(findings.sql_kinds)),
+        sql_tables=names(mac, sorted(findings.sql_tables)),
+        tools=names(mac, call.tools),
         approval=call.approval,
         state_error_allowed=call.state_error_allowed,
     )
 
 
-def audit(call: Call, gw: Gateway) -> None:
-    record = audit_record(call, gw.mac)
-    gw.telemetry.record(call, record)
-    gw.audit.append(record.as_json())
+class Audit:
+    def __init__(self, mac: BodyMac, observers: Sequence[CallObserver]) -> None:
+        self.mac = mac
+        self.observers = tuple(observers)
+
+    def __call__(self, call: Call) -> None:
+        record = audit_record(call, self.mac)
+        for observer in self.observers:
+            try:
+                observer.call_ended(call, record)
+            except Exception:
+                log.exception("%s failed for request %s", type(observer).__name__, call.request_id)

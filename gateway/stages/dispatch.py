@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
+from gateway.audit_record import BodyHasher, BodyMac
+from gateway.call import Call
 from gateway.errors import PayloadTooLarge, UpstreamError
-from gateway.transports.base import Body, UpstreamRequest
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.audit_record import BodyHasher
-    from gateway.call import Call
+from gateway.transports.base import Body, Transport, UpstreamRequest
 
 
 class _BodyLimit:
@@ -38,35 +34,41 @@ class _BodyLimit:
             self.call.request_digest = self.hasher.result()
 
 
-async def dispatch(call: Call, gw: Gateway) -> None:
-    assert call.upstream is not None and call.target is not None
-    assert call.outbound_headers is not None and call.claims is not None
-    limit = call.upstream.max_request_body
-    body: Body = call.body
-    streamer: _BodyLimit | None = None
-    if body is None and call.request is not None and call.request.body_exists:
-        declared = call.request.content_length
-        if declared is not None and declared > limit:
-            raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
-        streamer = _BodyLimit(call, limit, gw.mac.stream())
-        body = streamer.chunks()
-    request = UpstreamRequest(
-        upstream=call.upstream,
-        method=call.method,
-        target=call.target.forward_target,
-        headers=call.outbound_headers,
-        body=body,
-        agent=call.claims.agent,
-        run=call.claims.run,
-        rule=call.match.rule if call.match is not None else None,
-        injection=call.injection,
-        request_id=call.request_id,
-        roles=call.claims.roles,
-        caps=call.claims.caps,
-    )
-    try:
-        call.response = await gw.transport.send(request)
-    except (UpstreamError, OSError) as exc:
-        if streamer is not None and streamer.exceeded:
-            raise PayloadTooLarge(f"the request body is larger than {limit} bytes") from exc
-        raise
+class Dispatch:
+    def __init__(self, transport: Transport, mac: BodyMac) -> None:
+        self.transport = transport
+        self.mac = mac
+
+    async def __call__(self, call: Call) -> None:
+        assert call.upstream is not None and call.target is not None
+        assert call.outbound_headers is not None and call.claims is not None
+        limit = call.upstream.max_request_body
+        body: Body = call.body
+        streamer: _BodyLimit | None = None
+        if body is None and call.request is not None and call.request.body_exists:
+            declared = call.request.content_length
+            if declared is not None and declared > limit:
+                raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+            streamer = _BodyLimit(call, limit, self.mac.stream())
+            body = streamer.chunks()
+        request = UpstreamRequest(
+            upstream=call.upstream,
+            method=call.method,
+            target=call.target.forward_target,
+            headers=call.outbound_headers,
+            body=body,
+            agent=call.claims.agent,
+            run=call.claims.run,
+            rule=call.match.rule if call.match is not None else None,
+            injection=call.injection,
+            request_id=call.request_id,
+            roles=call.claims.roles,
+            caps=call.claims.caps,
+        )
+        call.dispatched = True
+        try:
+            call.response = await self.transport.send(request)
+        except (UpstreamError, OSError) as exc:
+            if streamer is not None and streamer.exceeded:
+                raise PayloadTooLarge(f"the request body is larger than {limit} bytes") from exc
+            raise

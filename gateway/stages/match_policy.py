@@ -1,40 +1,57 @@
-"""match_policy: claims + target (+ MCP tool) to the one rule that allows the call."""
+"""match_policy: claims + target + what the call asks for, to the rules that allow it.
+
+The upstream's protocol says what the call asks for (``inspect``): one operation for a plain
+HTTP request, one per JSON-RPC message for MCP. Each operation must be allowed by a rule of
+the token's roles; the call is attributed to the first operation that does something
+(``governed``), or to its first operation.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-MCP_SESSION_METHODS = ("GET", "DELETE")
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.call import Call
+from gateway.call import Call, CallProtocol
+from gateway.errors import NoRule
+from gateway.policy.model import Policy
 
 
-async def match_policy(call: Call, gw: Gateway) -> None:
-    assert call.target is not None and call.claims is not None
-    policy = gw.policy  # one policy for the whole call, even if a reload swaps it meanwhile
-    call.policy = policy
-    method = call.method
-    upstream = policy.upstreams.get(call.target.upstream)
-    if upstream is not None:
+class PolicySource(Protocol):
+    """Where the policy in force is read (a reload swaps it whole)."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+
+class MatchPolicy:
+    def __init__(self, source: PolicySource, protocols: Mapping[str, CallProtocol]) -> None:
+        self.source = source
+        self.protocols = protocols
+
+    async def __call__(self, call: Call) -> None:
+        assert call.target is not None and call.claims is not None
+        policy = self.source.policy  # one policy for the whole call, even across a reload
+        call.policy = policy
+        upstream = policy.upstreams.get(call.target.upstream)
+        if upstream is None:
+            raise NoRule(f"there is no upstream named {call.target.upstream!r}")
+        protocol = self.protocols.get(upstream.kind)
+        if protocol is None:  # the loader accepts only known kinds: a bug, so deny
+            raise NoRule(f"upstream {upstream.name!r} has no protocol {upstream.kind!r}")
         call.upstream = upstream
-        if upstream.kind == "mcp":
-            # The rule for an MCP call depends on the tool named in its JSON-RPC body.
-            await gw.mcp.inspect_request(call, upstream)
-            if method in MCP_SESSION_METHODS:
-                # Streamable HTTP: GET opens the server's event stream and DELETE ends the
-                # session on an endpoint the roles may POST to; they carry no tool call.
-                method = "POST"
-    call.match = policy.match(
-        call.claims.roles,
-        call.claims.caps,
-        call.target,
-        method,
-        call.headers,
-        tool=call.tool,
-    )
-    if call.state_error is not None:
-        if call.match.rule.on_state_error != "allow":
-            raise call.state_error
-        call.state_error_allowed = True
+        call.protocol = protocol
+        call.operations = await protocol.inspect(call)
+        claims = call.claims
+        for op in call.operations:
+            op.match = policy.match(
+                claims.roles, claims.caps, call.target, op.method, call.headers, tool=op.tool
+            )
+        primary = next((op for op in call.operations if op.governed), call.operations[0])
+        call.match = primary.match
+        if call.state_error is not None:
+            if any(
+                op.match is not None and op.match.rule.on_state_error != "allow"
+                for op in call.operations
+            ):
+                raise call.state_error
+            call.state_error_allowed = True

@@ -1,15 +1,11 @@
-"""receive: give the call its request id and its canonical target (or refuse it)."""
+"""receive: the call's canonical target (or a refusal of an ambiguous one)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from gateway.call import Call
 from gateway.target import parse_target
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.call import Call
 
-
-async def receive(call: Call, gw: Gateway) -> None:
-    call.target = parse_target(call.raw_target)
+class Receive:
+    async def __call__(self, call: Call) -> None:
+        call.target = parse_target(call.raw_target)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.checks.mcp import filter_json, filter_sse, jsonrpc_error_body, tools_list_ids
+from gateway.audit_record import BodyMac
+from gateway.call import Call
 from gateway.errors import (
     PROBLEM_CONTENT_TYPE,
     GatewayError,
@@ -23,12 +24,9 @@ from gateway.errors import (
     TokenError,
     UpstreamError,
 )
-from gateway.stages.inject import HOP_BY_HOP, connection_named
+from gateway.http_headers import HOP_BY_HOP, connection_named
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.audit_record import BodyMac
-    from gateway.call import Call
     from gateway.transports.base import UpstreamResponse
 
 log = logging.getLogger("capgate")
@@ -86,21 +84,16 @@ def problem_response(err: GatewayError, request_id: str) -> web.Response:
 
 
 def refusal(call: Call, err: GatewayError) -> web.Response:
-    """The answer to a refused call: problem+json, or a JSON-RPC error for an MCP call."""
-    if (
-        call.upstream is not None
-        and call.upstream.kind == "mcp"
-        and not isinstance(err, TokenError)
-    ):
-        body = jsonrpc_error_body(call, err)
-        if body is not None:
-            call.status = 200
-            return web.Response(
-                status=200,
-                body=body,
-                content_type="application/json",
-                headers={"X-Request-Id": call.request_id, "X-Capgate-Reason": err.reason.value},
-            )
+    """The answer to a refused call: problem+json, or the protocol's own shape of refusal."""
+    shaped = call.protocol.refusal(call, err) if call.protocol is not None else None
+    if shaped is not None:
+        call.status = shaped.status
+        return web.Response(
+            status=shaped.status,
+            body=shaped.body,
+            content_type=shaped.content_type,
+            headers={"X-Request-Id": call.request_id, **shaped.headers},
+        )
     call.status = err.status
     return problem_response(err, call.request_id)
 
@@ -153,74 +146,84 @@ async def _respond_small(
     return out
 
 
-async def respond(call: Call, gw: Gateway, request: web.BaseRequest) -> web.StreamResponse:
-    if call.error is not None or call.response is None:
-        return refusal(call, call.error or InternalError("no response"))
-    assert call.upstream is not None
-    upstream = call.response
-    limit = call.upstream.max_response_body
-    secret = call.injection.secret.reveal().encode() if call.injection is not None else None
-    chunks = _limited(upstream.iter_chunks(), call, limit)
-    chunks_untouched = True
-    drop = RESPONSE_DROP | connection_named(upstream.headers)
-    declared = upstream.headers.get("Content-Length")
-    try:
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
-        if call.upstream.kind == "mcp" and 200 <= upstream.status < 300:
-            ids = tools_list_ids(call)
-            if ids:
-                allowed = gw.mcp.allowed_tools(call)
-                media = upstream.headers.get("Content-Type", "").split(";")[0].strip().lower()
-                rewrite = filter_sse if media == "text/event-stream" else filter_json
-                chunks = rewrite(chunks, ids, allowed, limit)
-                chunks_untouched = False
-                drop = drop | {"content-length"}
-    except GatewayError as err:
-        await upstream.close()
-        call.error = err
-        return refusal(call, err)
+class Respond:
+    """Builds the agent's answer: the upstream's, streamed and masked, or a refusal."""
 
-    if (
-        chunks_untouched
-        and declared is not None
-        and declared.isdigit()
-        and int(declared) <= SMALL_BODY
-        and call.method != "HEAD"
-        and upstream.status not in NO_BODY_STATUSES
-    ):
-        return await _respond_small(call, upstream, drop | {"content-length"}, secret, gw.mac)
+    def __init__(self, mac: BodyMac) -> None:
+        self.mac = mac
 
-    out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
-    _mask_headers(upstream, out, drop, secret)
-    out.headers["X-Request-Id"] = call.request_id
-    call.status = upstream.status
-    scrub = Scrubber(secret) if secret else None
-    hasher = gw.mac.stream()
-    try:
-        await out.prepare(request)
-        call.streaming = True
-        async for chunk in chunks:
-            if scrub is not None:
-                chunk = scrub.feed(chunk)
-            if chunk:
-                hasher.update(chunk)
-                await out.write(chunk)
-        if scrub is not None and scrub.tail:
-            tail = scrub.flush()
-            hasher.update(tail)
-            await out.write(tail)
-        await out.write_eof()
-    except (GatewayError, ConnectionResetError) as exc:
-        # Headers are already sent: cutting the connection is the only honest signal left.
-        call.error = (
-            exc
-            if isinstance(exc, GatewayError)
-            else UpstreamError("the agent's connection closed during the response")
-        )
-        if request.transport is not None:
-            request.transport.close()
-    finally:
-        call.response_digest = hasher.result()
-        await upstream.close()
-    return out
+    async def __call__(self, call: Call) -> web.StreamResponse:
+        if call.error is not None or call.response is None:
+            return refusal(call, call.error or InternalError("no response"))
+        assert call.upstream is not None and call.protocol is not None
+        assert call.request is not None
+        upstream = call.response
+        limit = call.upstream.max_response_body
+        secret = call.injection.secret.reveal().encode() if call.injection is not None else None
+        chunks = _limited(upstream.iter_chunks(), call, limit)
+        drop = RESPONSE_DROP | connection_named(upstream.headers)
+        declared = upstream.headers.get("Content-Length")
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
+            rewritten = call.protocol.rewrite_response(call, upstream, chunks, limit)
+        except GatewayError as err:
+            await upstream.close()
+            call.error = err
+            return refusal(call, err)
+        if rewritten is not None:
+            chunks = rewritten
+            drop = drop | {"content-length"}
+        elif (
+            declared is not None
+            and declared.isdigit()
+            and int(declared) <= SMALL_BODY
+            and call.method != "HEAD"
+            and upstream.status not in NO_BODY_STATUSES
+        ):
+            return await _respond_small(call, upstream, drop | {"content-length"}, secret, self.mac)
+        return await self._stream(call, upstream, chunks, drop, secret)
+
+    async def _stream(
+        self,
+        call: Call,
+        upstream: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        drop: set[str],
+        secret: bytes | None,
+    ) -> web.StreamResponse:
+        request = call.request
+        assert request is not None
+        out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
+        _mask_headers(upstream, out, drop, secret)
+        out.headers["X-Request-Id"] = call.request_id
+        call.status = upstream.status
+        scrub = Scrubber(secret) if secret else None
+        hasher = self.mac.stream()
+        try:
+            await out.prepare(request)
+            call.streaming = True
+            async for chunk in chunks:
+                if scrub is not None:
+                    chunk = scrub.feed(chunk)
+                if chunk:
+                    hasher.update(chunk)
+                    await out.write(chunk)
+            if scrub is not None and scrub.tail:
+                tail = scrub.flush()
+                hasher.update(tail)
+                await out.write(tail)
+            await out.write_eof()
+        except (GatewayError, ConnectionResetError) as exc:
+            # Headers are already sent: cutting the connection is the only honest signal left.
+            call.error = (
+                exc
+                if isinstance(exc, GatewayError)
+                else UpstreamError("the agent's connection closed during the response")
+            )
+            if request.transport is not None:
+                request.transport.close()
+        finally:
+            call.response_digest = hasher.result()
+            await upstream.close()
+        return out

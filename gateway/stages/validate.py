@@ -1,19 +1,32 @@
-"""validate: run the payload checks the rule names (JSON Schema, SQL, MCP), in order."""
+"""validate: run each operation's rule checks on its payload (JSON Schema, SQL, arguments).
+
+A plain request's payload is its body, read whole (up to the upstream's limit) only when its
+rule has checks. Checks may rewrite a payload; the body that will be forwarded is made from
+the checked payloads, so what was checked is what is sent.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.call import Call
+from gateway.call import Call
+from gateway.checks.payload import BodyPayload
 
 
-async def validate(call: Call, gw: Gateway) -> None:
-    assert call.match is not None and call.upstream is not None
-    checks = call.match.rule.checks
-    if not checks:
-        return
-    await call.read_body(call.upstream.max_request_body)
-    for check in checks:
-        check.check(call)
+class Validate:
+    async def __call__(self, call: Call) -> None:
+        assert call.upstream is not None and call.protocol is not None
+        for op in call.operations:
+            assert op.match is not None
+            checks = op.match.rule.checks
+            if not checks or not op.governed:
+                continue
+            payload = op.payload
+            if payload is None:
+                body = await call.read_body(call.upstream.max_request_body)
+                payload = op.payload = BodyPayload(
+                    body, call.headers.get("Content-Type", ""), call.findings
+                )
+            for check in checks:
+                check.check(payload)
+            if isinstance(payload, BodyPayload) and payload.rewritten:
+                call.body = payload.raw
+        call.protocol.finish(call)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_chec
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from gateway.limits import Rate
+    from gateway.rates import Rate
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -75,7 +75,7 @@ from gateway.state.base import (
 )
 
 if TYPE_CHECKING:
-    from gateway.limits import Rate
+    from gateway.rates import Rate
 
 __all__ = ["RedisStore", "redact_url"]
 

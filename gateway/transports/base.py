@@ -16,7 +16,6 @@ from gateway.policy.model import Rule, Upstream
 
 if TYPE_CHECKING:
     from gateway.credentials import Injection
-    from gateway.recording.denial import Denial
 
 Body = bytes | AsyncIterator[bytes] | None
 
@@ -60,6 +59,3 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Release pooled connections and files."""
-
-    def observe_denial(self, denial: Denial) -> None:
-        """A call the checks refused (never sent): recorders keep it, others ignore it."""

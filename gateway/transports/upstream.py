@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import aiohttp
 from multidict import CIMultiDict
@@ -20,9 +19,6 @@ from yarl import URL
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import Upstream
 from gateway.transports.base import UpstreamRequest
-
-if TYPE_CHECKING:
-    from gateway.recording.denial import Denial
 
 CHUNK_SIZE = 64 * 1024
 
@@ -122,9 +118,6 @@ class LiveTransport:
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable(f"upstream {up.name!r} failed to answer") from exc
         return LiveResponse(resp)
-
-    def observe_denial(self, denial: Denial) -> None:
-        """Nothing to do: a live transport keeps no record of refused calls."""
 
     async def close(self) -> None:
         if self._session is not None:

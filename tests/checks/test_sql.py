@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 import sqlglot.tokens
-from multidict import CIMultiDict
 
 import gateway.checks.sql as sql_module
-from gateway.call import Call
-from gateway.checks.mcp import McpMessage
+from gateway.checks.payload import BodyPayload, Findings, ToolCallPayload
 from gateway.checks.sql import (
     DEFAULT_FUNCTIONS,
     MAX_NESTING,
@@ -616,15 +614,8 @@ def test_create_rejects_bad_values() -> None:
 # --- the body check -----------------------------------------------------------------------------
 
 
-def make_call(
-    body: bytes | None,
-    content_type: str | None = "application/json",
-    facts: dict[str, Any] | None = None,
-) -> Call:
-    headers = CIMultiDict({"Content-Type": content_type} if content_type else {})
-    call = Call(method="POST", raw_target="/db/query", headers=headers, request_id="t", body=body)
-    call.facts.update(facts or {})
-    return call
+def body(raw: bytes, content_type: str = "application/json") -> BodyPayload:
+    return BodyPayload(raw, content_type, Findings())
 
 
 def body_check(**kwargs: Any) -> SqlBodyCheck:
@@ -633,101 +624,82 @@ def body_check(**kwargs: Any) -> SqlBodyCheck:
     return SqlBodyCheck(policy=policy, rule_id="r", **kwargs)
 
 
-def test_body_field_allowed_records_facts() -> None:
-    call = make_call(json.dumps({"sql": "SELECT id FROM orders LIMIT 5", "n": 1}).encode())
-    before = call.body
-    body_check().check(call)
-    assert call.body == before
-    assert call.facts["sql"] == {"kinds": ["select"], "tables": ["orders"], "rewritten": False}
+def test_body_field_allowed_records_findings() -> None:
+    payload = body(json.dumps({"sql": "SELECT id FROM orders LIMIT 5", "n": 1}).encode())
+    before = payload.raw
+    body_check().check(payload)
+    assert payload.raw == before and not payload.rewritten
+    assert (payload.findings.sql_kinds, payload.findings.sql_tables) == ({"select"}, {"orders"})
+    assert payload.findings.rewritten is False
 
 
 def test_body_field_rewrite_forwards_exactly_the_checked_sql() -> None:
-    call = make_call(
-        json.dumps({"query": {"text": "SELECT id FROM orders", "who": "Zoë"}}).encode()
-    )
-    body_check(field=("query", "text")).check(call)
-    sent = json.loads(call.body or b"")
+    payload = body(json.dumps({"query": {"text": "SELECT id FROM orders", "who": "Zoë"}}).encode())
+    body_check(field=("query", "text")).check(payload)
+    sent = json.loads(payload.raw)
     assert sent == {"query": {"text": "SELECT id FROM orders LIMIT 100", "who": "Zoë"}}
-    assert call.facts["json"] == sent
-    assert call.facts["sql"]["rewritten"] is True
+    assert payload.json() == sent
+    assert payload.rewritten and payload.findings.rewritten
 
 
 @pytest.mark.parametrize(
-    "body",
+    "value",
     [{"sql": 5}, {"query": "x"}, {}, [1], {"sql": None}],
 )
-def test_body_field_missing_or_not_a_string(body: Any) -> None:
+def test_body_field_missing_or_not_a_string(value: Any) -> None:
     with pytest.raises(BodyInvalid) as info:
-        body_check().check(make_call(json.dumps(body).encode()))
+        body_check().check(body(json.dumps(value).encode()))
     assert info.value.rule == "r"
 
 
 def test_body_field_needs_json() -> None:
     with pytest.raises(BodyInvalid):
-        body_check().check(make_call(b"SELECT 1", "text/plain"))
+        body_check().check(body(b"SELECT 1", "text/plain"))
     with pytest.raises(BodyInvalid):
-        body_check().check(make_call(b'{"sql": "a", "sql": "b"}'))
+        body_check().check(body(b'{"sql": "a", "sql": "b"}'))
 
 
 def test_body_field_denied() -> None:
-    call = make_call(json.dumps({"sql": "DELETE FROM orders"}).encode())
+    payload = body(json.dumps({"sql": "DELETE FROM orders"}).encode())
     with pytest.raises(SqlDenied) as info:
-        body_check().check(call)
+        body_check().check(payload)
     assert info.value.rule == "r" and errors(info.value)[0]["kind"] == "statement"
-    assert "sql" not in call.facts
+    assert not payload.findings.sql_kinds and not payload.rewritten
 
 
 def test_raw_body() -> None:
     check = body_check(field=None, raw=True)
-    call = make_call(b"SELECT id FROM orders", None)
-    check.check(call)
-    assert call.body == b"SELECT id FROM orders LIMIT 100"
+    payload = body(b"SELECT id FROM orders", "")
+    check.check(payload)
+    assert payload.raw == b"SELECT id FROM orders LIMIT 100"
     with pytest.raises(BodyInvalid):
-        check.check(make_call(b"SELECT '\xff'", None))
+        check.check(body(b"SELECT '\xff'", ""))
     with pytest.raises(SqlDenied):
-        check.check(make_call(b"", None))
+        check.check(body(b"", ""))
 
 
-def mcp_call(*messages: dict[str, Any]) -> Call:
-    batch = len(messages) > 1
-    parsed = [
-        McpMessage(m.get("id"), m["method"], m["params"]["name"], m["params"]["arguments"], True)
-        for m in messages
-    ]
-    body = json.dumps(list(messages) if batch else messages[0]).encode()
-    return make_call(body, facts={"mcp": {"messages": parsed, "batch": batch}})
-
-
-def tool_message(i: int, tool: str, sql: Any) -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": i,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": {"sql": sql, "explain": False}},
-    }
+def tool_call(sql: Any, tool: str = "run_sql") -> ToolCallPayload:
+    return ToolCallPayload(tool, {"sql": sql, "explain": False}, Findings())
 
 
 def test_mcp_argument_checked_and_rewritten() -> None:
-    check = body_check(field=None, argument="sql", tool="run_sql")
-    call = mcp_call(
-        tool_message(1, "other", "DROP TABLE x"),
-        tool_message(2, "run_sql", "SELECT id FROM orders"),
-    )
-    check.check(call)
-    sent = json.loads(call.body or b"")
-    assert sent[0]["params"]["arguments"]["sql"] == "DROP TABLE x"  # another rule's tool
-    assert sent[1]["params"]["arguments"]["sql"] == "SELECT id FROM orders LIMIT 100"
-    assert call.facts["mcp"]["messages"][1].arguments["sql"].endswith("LIMIT 100")
+    check = body_check(field=None, argument="sql")
+    payload = tool_call("SELECT id FROM orders")
+    check.check(payload)
+    assert payload.arguments == {"sql": "SELECT id FROM orders LIMIT 100", "explain": False}
+    assert payload.rewritten
 
 
 def test_mcp_argument_denials() -> None:
-    check = body_check(field=None, argument="sql", tool="run_sql")
+    check = body_check(field=None, argument="sql")
     with pytest.raises(SqlDenied):
-        check.check(mcp_call(tool_message(1, "run_sql", "SELECT pg_sleep(5)")))
+        check.check(tool_call("SELECT pg_sleep(5)"))
     with pytest.raises(ToolDenied):
-        check.check(mcp_call(tool_message(1, "run_sql", 42)))
+        check.check(tool_call(42))
     with pytest.raises(SqlDenied):
-        check.check(make_call(b"{}"))  # no parsed tools/call: nothing was checked, so denied
+        check.check(body(b"{}"))  # a body where the rule reads a tool argument: denied
+    with pytest.raises(SqlDenied):
+        body_check().check(tool_call("SELECT 1"))  # a tool call where the rule reads a body
 
 
 # --- the policy file ----------------------------------------------------------------------------
@@ -767,7 +739,7 @@ def test_policy_file_mcp_tool_rule() -> None:
     policy = load_policy("policy.yaml", text=text)
     (check,) = policy.rules_by_id["query-orders"].checks
     assert isinstance(check, SqlBodyCheck)
-    assert (check.argument, check.tool, check.field, check.raw) == ("sql", "run_sql", None, False)
+    assert (check.argument, check.field, check.raw) == ("sql", None, False)
     with pytest.raises(PolicyError, match="names the tool argument"):
         load_policy("policy.yaml", text=text.replace("argument: sql", "field: sql"))
 

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import Settings
+from gateway.recording import ModeTransport
 from gateway.transports.base import Transport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayTransport
@@ -45,7 +46,8 @@ async def recorded(
 ) -> AsyncIterator[Recorded]:
     """The test gateway (real mocks) with the record transport writing to tmp_path/rec."""
     directory = tmp_path / "rec"
-    gateway.transport = RecordTransport(gateway.transport, directory)
+    recorder = RecordTransport(gateway.transport, directory)
+    gateway = gateway.with_transport(recorder, recorder)
     client = await aiohttp_client(create_app(gateway))
     yield Recorded(client, gateway, directory)
 
@@ -60,7 +62,8 @@ def dead_policy(tmp_path: Path, mocks: Any) -> Path:
 
 ReplayFactory = Callable[..., Awaitable[tuple[TestClient[Any, Any], Gateway]]]
 GatewayFactory = Callable[
-    [Callable[[Transport], Transport]], Awaitable[tuple[TestClient[Any, Any], Gateway]]
+    [Callable[[Transport], Transport | ModeTransport]],
+    Awaitable[tuple[TestClient[Any, Any], Gateway]],
 ]
 
 
@@ -77,8 +80,8 @@ def replay_gateway(
         s = dataclasses.replace(
             settings, policy=dead_policy, audit=tmp_path / f"replay-audit-{count}.jsonl"
         )
-        gw = build_gateway(s, workspace.environ())
-        gw.transport = ReplayTransport(directory, **options)
+        replay = ReplayTransport(directory, **options)
+        gw = build_gateway(s, workspace.environ()).with_transport(replay, replay)
         return await aiohttp_client(create_app(gw)), gw
 
     return make
@@ -90,10 +93,18 @@ def live_gateway(
 ) -> GatewayFactory:
     """A second gateway on the real mocks, with the transport ``wrap(live)`` returns."""
 
-    async def make(wrap: Callable[[Transport], Transport]) -> tuple[TestClient[Any, Any], Gateway]:
+    async def make(
+        wrap: Callable[[Transport], Transport | ModeTransport],
+    ) -> tuple[TestClient[Any, Any], Gateway]:
         s = dataclasses.replace(settings, audit=tmp_path / "live-audit.jsonl")
         gw = build_gateway(s, workspace.environ())
-        gw.transport = wrap(gw.transport)
+        made = wrap(gw.transport)
+        if isinstance(made, ModeTransport):
+            gw = gw.with_transport(made.transport, made.denials)
+        else:
+            # A recorder or replayer is also told of refused calls.
+            sink = made if hasattr(made, "observe_denial") else None
+            gw = gw.with_transport(made, sink)  # type: ignore[arg-type]
         return await aiohttp_client(create_app(gw)), gw
 
     return make

@@ -24,19 +24,23 @@ async def test_the_example_replays_with_no_upstream_and_no_real_credentials(
     tmp_path: Path, aiohttp_client: Any
 ) -> None:
     ws = prepare_workspace(tmp_path / "ws")  # the example policy, mocks' fixed ports: unused
+    report = tmp_path / "replay-report.json"
     settings = load_settings(
         {
             "policy": str(ws.policy),
             "jwks": str(ws.jwks),
             "upstream_key": str(ws.upstream_key),
             "audit": "-",
+            "mode": "replay",
+            "recordings": str(EXAMPLE),
+            "replay_report": str(report),
         },
         {},
     )
-    gw = build_gateway(settings, {"METRICS_TOKEN": "not-the-real-one"})
-    gw.credentials = PlaceholderCredentials()  # type: ignore[assignment]
-    report = tmp_path / "replay-report.json"
-    gw.transport = ReplayTransport(EXAMPLE, report_path=report)
+    # No real secret exists here: the replay mode's placeholders stand in for every one.
+    gw = build_gateway(settings, {})
+    assert isinstance(gw.credentials, PlaceholderCredentials)
+    assert isinstance(gw.transport, ReplayTransport)
     client = await aiohttp_client(create_app(gw))
     tok = ws.token("sre-bot", ["sre-diagnostics"], run="ci-job-7")
     recorded = {e.seq: e for e in load_recording(EXAMPLE).runs["example"].entries}

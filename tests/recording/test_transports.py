@@ -281,7 +281,7 @@ async def test_replay_or_record(
 
 def test_build_transport_errors(tmp_path: Path) -> None:
     live = LiveTransport()
-    assert build_transport("live", None, live, ci=True, sample=None) is live
+    assert build_transport("live", None, live, ci=True, sample=None) == (live, None)
     with pytest.raises(ConfigError, match="mode has value 'fast'"):
         build_transport("fast", tmp_path, live, ci=False, sample=None)
     with pytest.raises(ConfigError, match="needs a recordings directory"):
@@ -290,9 +290,8 @@ def test_build_transport_errors(tmp_path: Path) -> None:
         build_transport("replay", tmp_path / "missing", live, ci=False, sample=None)
     with pytest.raises(ConfigError, match="sample has value 2"):
         build_transport("record", tmp_path, live, ci=False, sample=2)
-    assert isinstance(
-        build_transport("record", tmp_path / "new", live, ci=False, sample=0.5), RecordTransport
-    )
+    made = build_transport("record", tmp_path / "new", live, ci=False, sample=0.5)
+    assert isinstance(made.transport, RecordTransport) and made.denials is made.transport
 
 
 async def test_a_response_refused_for_its_size_is_refused_again(

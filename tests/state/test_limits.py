@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import QuotaExhausted, RateLimited, Reason
-from gateway.limits import Limiter, Rate, parse_rate, rate_key, rule_quota_key, run_quota_key
+from gateway.limits import Limiter, rate_key, rule_quota_key, run_quota_key
+from gateway.rates import Rate, parse_rate
 from gateway.state import StateStore
 
 # --- parse_rate -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import StateUnavailable
-from gateway.limits import parse_rate
+from gateway.rates import parse_rate
 from gateway.state import StateStore, open_store
 from tests.redis_server import RedisServer, free_port
 from tests.state.conftest import FAST, PROD_TIMEOUTS, StoreFactory, needs_redis

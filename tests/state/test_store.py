@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.errors import StateUnavailable
-from gateway.limits import parse_rate
+from gateway.rates import parse_rate
 from gateway.state import StateStore, open_store
 
 

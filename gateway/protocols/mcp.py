@@ -1,16 +1,18 @@
-"""MCP (Streamable HTTP) calls: tool names and arguments checked, ``tools/list`` filtered.
+"""MCP (Streamable HTTP): each JSON-RPC message is an operation; ``tools/list`` is filtered.
 
 An upstream of ``kind: mcp`` speaks JSON-RPC 2.0 over Streamable HTTP. For each POST the
 gateway parses the JSON-RPC message (or batch) before anything is matched:
 
 - ``tools/call``: the tool name selects the rule (``tool: <name>``); a tool that no rule of
   the token's roles allows is refused with ``tool_denied`` and never reaches the server.
-  The rule's ``arguments`` schema and SQL policy check the call's ``arguments``.
+  The rule's ``arguments`` schema and SQL policy check that message's ``arguments``, and its
+  rate limits and quotas count that message.
 - protocol methods (``initialize``, ``ping``, ``tools/list``, notifications, and the
   client's answers to server requests) pass when the roles grant any rule on the endpoint.
 - every other method (``resources/read``, ``prompts/get``, ...) is refused: nothing is
   allowed that the policy does not name.
-- batches are checked message by message; one refused message refuses the batch.
+- batches are governed message by message, each under its own rule; one refused message
+  refuses the whole batch, and nothing of it is forwarded.
 - the result of ``tools/list`` (JSON or SSE) is filtered to the tools the token may call.
 
 Denials of an MCP call are answered as JSON-RPC errors (HTTP 200), so MCP clients surface
@@ -25,21 +27,29 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
-
-from gateway.checks.body import compile_schema, parse_json, schema_errors
-from gateway.errors import BadRequest, BodyInvalid, GatewayError, ToolDenied
-from gateway.policy.load import register_payload_check
-from gateway.policy.source import Node
+from gateway.call import Operation, Refusal
+from gateway.checks.payload import ToolCallPayload, dump_json, parse_json
+from gateway.errors import BadRequest, BodyInvalid, GatewayError, TokenError, ToolDenied
 
 if TYPE_CHECKING:
     from gateway.call import Call
-    from gateway.policy.model import Upstream
+    from gateway.transports.base import UpstreamResponse
 
 # Protocol methods that carry no tool call: the handshake (initialize, or server/discover in
 # the 2026-07-28 protocol), liveness, and the tool listing (filtered on the way back).
 PASS_METHODS = frozenset({"initialize", "server/discover", "ping", "tools/list"})
 JSONRPC_DENIED = -32001  # implementation-defined server error range (-32000..-32099)
+MAX_BATCH = 100
+# Streamable HTTP request headers forwarded to MCP upstreams. Mcp-Method and Mcp-Name are
+# compared with the JSON-RPC body first (``_check_routing_headers``); Mcp-Param-* headers are
+# forwarded as sent, without such a comparison.
+REQUEST_HEADERS = frozenset(
+    {"mcp-session-id", "mcp-protocol-version", "last-event-id", "mcp-method", "mcp-name"}
+)
+PARAM_HEADER_PREFIX = "mcp-param-"
+# Streamable HTTP: GET opens the server's event stream and DELETE ends the session, on an
+# endpoint the roles may POST to; they carry no tool call.
+SESSION_METHODS = frozenset({"GET", "DELETE"})
 
 
 @dataclass(slots=True)
@@ -49,6 +59,15 @@ class McpMessage:
     tool: str | None
     arguments: dict[str, Any] | None
     is_request: bool
+
+
+@dataclass(slots=True)
+class McpRequest:
+    """A POST's JSON-RPC messages as parsed (``value`` is the whole parsed body)."""
+
+    value: Any
+    messages: list[McpMessage]
+    batch: bool
 
 
 def _message(value: Any, index: int) -> McpMessage:
@@ -74,73 +93,121 @@ def _message(value: Any, index: int) -> McpMessage:
         tool = params.get("name")
         if not isinstance(tool, str) or not tool:
             raise BodyInvalid(f"{where}: tools/call needs 'params.name' as a string")
-        arguments = params.get("arguments", {})
+        if "arguments" not in params:
+            params["arguments"] = {}  # forwarded as checked: explicitly empty
+        arguments = params["arguments"]
         if not isinstance(arguments, dict):
             raise BodyInvalid(f"{where}: tools/call 'params.arguments' must be an object")
     return McpMessage(msg_id, method, tool, arguments, "id" in value)
 
 
-def parse_messages(body: bytes) -> tuple[list[McpMessage], bool]:
+def parse_request(body: bytes) -> McpRequest:
     """The JSON-RPC messages of a POST body and whether it was a batch."""
     value = parse_json(body)
     if isinstance(value, list):
         if not value:
             raise BodyInvalid("an empty JSON-RPC batch")
-        if len(value) > 100:
-            raise BodyInvalid("a JSON-RPC batch of more than 100 messages")
-        return [_message(v, i) for i, v in enumerate(value)], True
-    return [_message(value, -1)], False
+        if len(value) > MAX_BATCH:
+            raise BodyInvalid(f"a JSON-RPC batch of more than {MAX_BATCH} messages")
+        return McpRequest(value, [_message(v, i) for i, v in enumerate(value)], True)
+    return McpRequest(value, [_message(value, -1)], False)
 
 
-class McpGate:
-    """Parses MCP requests for ``match_policy`` and rewrites ``tools/list`` responses."""
+def parse_messages(body: bytes) -> tuple[list[McpMessage], bool]:
+    request = parse_request(body)
+    return request.messages, request.batch
 
-    def __init__(self, gw: Any) -> None:
-        self.gw = gw
 
-    async def inspect_request(self, call: Call, upstream: Upstream) -> None:
+def _inspection(call: Call) -> McpRequest | None:
+    return call.inspection if isinstance(call.inspection, McpRequest) else None
+
+
+class Mcp:
+    kind = "mcp"
+
+    async def inspect(self, call: Call) -> list[Operation]:
+        if call.method in SESSION_METHODS:
+            return [Operation(kind="protocol", method="POST")]
         if call.method != "POST":
-            # GET opens the server's event stream; DELETE ends the session.
-            return
-        body = await call.read_body(upstream.max_request_body)
-        messages, batch = parse_messages(body)
-        call.facts["mcp"] = {"messages": messages, "batch": batch}
-        for msg in messages:
+            return [Operation(kind="request", method=call.method)]
+        assert call.upstream is not None
+        request = parse_request(await call.read_body(call.upstream.max_request_body))
+        call.inspection = request
+        for msg in request.messages:
             if msg.method is None or msg.method in PASS_METHODS:
                 continue
             if msg.method.startswith("notifications/") and not msg.is_request:
                 continue
             if msg.method != "tools/call":
                 raise ToolDenied(f"the MCP method {msg.method!r} is not allowed by the policy")
-        _check_routing_headers(call, messages, batch)
-        tools = [m.tool for m in messages if m.tool is not None]
-        if len(tools) > 1:
-            # SECURITY: a batch of tool calls was checked, limited and counted as its first
-            # tool only; until every message is governed on its own, such a batch is refused.
-            raise ToolDenied(
-                f"a JSON-RPC batch may carry at most one tools/call (this one has {len(tools)})"
-            )
-        if tools:
-            call.tool = tools[0]
+        _check_routing_headers(call, request)
+        ops: list[Operation] = []
+        for msg in request.messages:
+            if msg.tool is None:
+                ops.append(Operation(kind="protocol", method="POST"))
+            else:
+                assert msg.arguments is not None
+                payload = ToolCallPayload(msg.tool, msg.arguments, call.findings)
+                ops.append(Operation(kind="tool", method="POST", tool=msg.tool, payload=payload))
+        return ops
 
-    def allowed_tools(self, call: Call) -> set[str]:
-        assert call.claims is not None and call.policy is not None and call.target is not None
-        rules = call.policy.candidates(
-            call.claims.roles, call.claims.caps, call.target.upstream, "POST"
-        )
-        return {r.tool for r in rules if r.tool is not None}
+    def finish(self, call: Call) -> None:
+        request = _inspection(call)
+        if request is None:
+            return
+        rewritten = False
+        items = request.value if request.batch else [request.value]
+        for item, op in zip(items, call.operations, strict=True):
+            if isinstance(op.payload, ToolCallPayload) and op.payload.rewritten:
+                item["params"]["arguments"] = op.payload.arguments
+                rewritten = True
+        if rewritten:
+            call.body = dump_json(request.value)
+
+    def forwards_header(self, name: str) -> bool:
+        return name in REQUEST_HEADERS or name.startswith(PARAM_HEADER_PREFIX)
+
+    def rewrite_response(
+        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
+    ) -> AsyncIterator[bytes] | None:
+        if not 200 <= response.status < 300:
+            return None
+        ids = tools_list_ids(call)
+        if not ids:
+            return None
+        allowed = allowed_tools(call)
+        media = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        rewrite = filter_sse if media == "text/event-stream" else filter_json
+        return rewrite(chunks, ids, allowed, limit)
+
+    def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
+        if isinstance(err, TokenError):
+            return None
+        body = jsonrpc_error_body(call, err)
+        if body is None:
+            return None
+        return Refusal(200, "application/json", body, {"X-Capgate-Reason": err.reason.value})
 
 
-def _check_routing_headers(call: Call, messages: list[McpMessage], batch: bool) -> None:
+def allowed_tools(call: Call) -> set[str]:
+    """The tools the token's roles (narrowed by caps) may call on this endpoint."""
+    assert call.claims is not None and call.policy is not None and call.target is not None
+    rules = call.policy.candidates(
+        call.claims.roles, call.claims.caps, call.target.upstream, "POST"
+    )
+    return {r.tool for r in rules if r.tool is not None}
+
+
+def _check_routing_headers(call: Call, request: McpRequest) -> None:
     """The 2026-07-28 routing headers must say what the body says: anything that routes or
     logs by header would otherwise act on a call other than the one checked."""
     method_header = call.headers.getall("Mcp-Method", [])
     name_header = call.headers.getall("Mcp-Name", [])
     if not method_header and not name_header:
         return
-    if batch or len(method_header) > 1 or len(name_header) > 1:
+    if request.batch or len(method_header) > 1 or len(name_header) > 1:
         raise BodyInvalid("MCP routing headers are ambiguous for this request")
-    msg = messages[0]
+    msg = request.messages[0]
     if method_header and method_header[0] != msg.method:
         raise BodyInvalid("the Mcp-Method header does not match the JSON-RPC method")
     if name_header and msg.tool is not None and _header_text(name_header[0]) != msg.tool:
@@ -157,59 +224,17 @@ def _header_text(value: str) -> str | None:
     return value
 
 
-def tool_messages(call: Call, tool: str | None = None) -> list[McpMessage]:
-    info = call.facts.get("mcp")
-    if not info:
-        return []
-    return [m for m in info["messages"] if m.tool is not None and (tool is None or m.tool == tool)]
-
-
-@dataclass(frozen=True, slots=True)
-class ArgumentsCheck:
-    """The rule's JSON Schema for the tool's ``arguments``."""
-
-    kind = "arguments"
-    validator: Draft202012Validator
-    rule_id: str | None
-    tool: str | None
-
-    def check(self, call: Call) -> None:
-        for msg in tool_messages(call, self.tool):
-            errors = schema_errors(self.validator, msg.arguments or {})
-            if errors:
-                first = errors[0]
-                raise ToolDenied(
-                    f"arguments of tool {msg.tool!r} do not match the rule's schema at "
-                    f"{first['pointer'] or '/'}: {first['message']}",
-                    rule=self.rule_id,
-                    errors=errors,
-                )
-
-
-def compile_arguments(node: Node, context: dict[str, Any]) -> ArgumentsCheck | None:
-    if context.get("tool") is None:
-        node.fail(f"{node.where}: 'arguments' needs the rule to name a 'tool'")
-        return None
-    validator = compile_schema(node)
-    if validator is None:
-        return None
-    return ArgumentsCheck(validator, context.get("rule_id"), context.get("tool"))
-
-
-register_payload_check("arguments", compile_arguments)
-
-
 # --- answers ------------------------------------------------------------------------------
 
 
 def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
     """A JSON-RPC error answer for a refused MCP POST, or None when HTTP status is better."""
-    info = call.facts.get("mcp")
-    if not info or isinstance(err, BadRequest) and not isinstance(err, BodyInvalid):
+    request = _inspection(call)
+    if request is None or isinstance(err, BadRequest) and not isinstance(err, BodyInvalid):
         return None
     data = err.problem(call.request_id)
     answers = []
-    for msg in info["messages"]:
+    for msg in request.messages:
         if not msg.is_request:
             continue
         answers.append(
@@ -225,8 +250,15 @@ def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
         )
     if not answers:
         return None
-    payload: Any = answers if info["batch"] else answers[0]
+    payload: Any = answers if request.batch else answers[0]
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def tools_list_ids(call: Call) -> set[Any]:
+    request = _inspection(call)
+    if request is None:
+        return set()
+    return {m.id for m in request.messages if m.method == "tools/list" and m.is_request}
 
 
 def _filter_tools(message: Any, allowed: set[str]) -> Any:
@@ -256,13 +288,6 @@ def _filter_payload(data: bytes, ids: set[Any], allowed: set[str]) -> bytes | No
 
 def _is_answer(value: Any, ids: set[Any]) -> bool:
     return isinstance(value, dict) and value.get("id") in ids
-
-
-def tools_list_ids(call: Call) -> set[Any]:
-    info = call.facts.get("mcp")
-    if not info:
-        return set()
-    return {m.id for m in info["messages"] if m.method == "tools/list" and m.is_request}
 
 
 async def filter_json(

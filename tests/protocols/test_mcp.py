@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.checks.mcp import filter_json, filter_sse, parse_messages
 from gateway.errors import BodyInvalid, GatewayError
+from gateway.protocols.mcp import filter_json, filter_sse, parse_messages
 
 
 def call_tool(name: object, arguments: object = None, msg_id: object = 1) -> bytes:

@@ -1,0 +1,38 @@
+"""Calls in flight (held for approval or being forwarded), so a revocation can cancel them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.call import Call
+from gateway.errors import TokenRevoked
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._calls: dict[Call, asyncio.Task[Any]] = {}
+
+    def add(self, call: Call, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._calls[call] = task
+
+    def discard(self, call: Call) -> None:
+        self._calls.pop(call, None)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def cancel(self, kind: str, value: str) -> int:
+        """Cancel every call whose token matches a new revocation; the number cancelled."""
+        cancelled = 0
+        for call, task in list(self._calls.items()):
+            claims = call.claims
+            if claims is None:
+                continue
+            hit = {"jti": claims.jti, "agent": claims.agent, "run": claims.run}.get(kind)
+            if hit == value and call.revoked is None:
+                call.revoked = TokenRevoked(f"this token's {kind} was revoked during the call")
+                task.cancel()
+                cancelled += 1
+        return cancelled

@@ -1,0 +1,34 @@
+"""Plain HTTP: one request is one operation, matched and checked as a whole."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from gateway.call import Operation
+
+if TYPE_CHECKING:
+    from gateway.call import Call, Refusal
+    from gateway.errors import GatewayError
+    from gateway.transports.base import UpstreamResponse
+
+
+class PlainHttp:
+    kind = "http"
+
+    async def inspect(self, call: Call) -> list[Operation]:
+        return [Operation(kind="request", method=call.method)]
+
+    def finish(self, call: Call) -> None:
+        return None  # the body's checks rewrite the body itself (validate)
+
+    def forwards_header(self, name: str) -> bool:
+        return False
+
+    def rewrite_response(
+        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
+    ) -> AsyncIterator[bytes] | None:
+        return None
+
+    def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
+        return None

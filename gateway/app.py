@@ -35,16 +35,16 @@ from gateway.inflight import InFlight
 from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
-from gateway.policy.source import PolicyError
+from gateway.policy_file import PolicyError
 from gateway.protocols import PROTOCOLS
-from gateway.recording import build_transport
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.state import open_store
 from gateway.state.base import StateStore
 from gateway.telemetry import Telemetry
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
-from gateway.transports.base import Transport
+from gateway.transport import Transport
+from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
 
 log = logging.getLogger("capgate")

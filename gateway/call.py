@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.checks.payload import Findings
 from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.payload import Findings
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from gateway.audit_record import AuditRecord, BodyDigest
-    from gateway.checks.payload import Payload
     from gateway.credentials import Injection
+    from gateway.payload import Payload
     from gateway.policy.model import Match, Policy, Upstream
     from gateway.target import Target
     from gateway.tokens import Claims
-    from gateway.transports.base import UpstreamResponse
+    from gateway.transport import UpstreamResponse
 
 
 @dataclass(slots=True)

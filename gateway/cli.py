@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _duration(text: str) -> float:
-    from gateway.policy.source import parse_duration
+    from gateway.policy_file import parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -267,10 +267,10 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy.load import load_policy
-    from gateway.policy.source import PolicyError
+    from gateway.policy_file import PolicyError
 
     if args.policy_command == "test":
-        from gateway.recording.commands import cmd_policy_test
+        from gateway.commands.recording import cmd_policy_test
 
         return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
     if args.policy_command == "check":
@@ -288,7 +288,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
             print(f"{path}: ok ({counts})")
         return EXIT_NEGATIVE if bad else EXIT_OK
 
-    from gateway.policy.explain import explain
+    from gateway.commands.explain import explain
 
     try:
         policy = load_policy(args.policy)
@@ -341,7 +341,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_recording(args: argparse.Namespace) -> int:
-    from gateway.recording import commands
+    from gateway.commands import recording as commands
 
     if args.recording_command == "lint":
         return commands.cmd_recording_lint(args.directory)
@@ -355,7 +355,7 @@ def cmd_recording(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from gateway.recording.commands import replay_command
+    from gateway.commands.recording import replay_command
 
     rest = list(args.serve_args)
     if "--" not in rest:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError
-from gateway.policy.source import parse_duration, parse_size
+from gateway.policy_file import parse_duration, parse_size
 from gateway.tokens import ALGORITHMS, TokenSettings
 
 

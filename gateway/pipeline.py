@@ -39,7 +39,7 @@ from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
 from gateway.tokens import TokenVerifier
-from gateway.transports.base import Transport
+from gateway.transport import Transport
 
 log = logging.getLogger("capgate")
 

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.policy.load import load_policy
 from gateway.policy.model import Constraint, Policy
-from gateway.policy.source import Issue, PolicyError, parse_duration, parse_size
+from gateway.policy_file import Issue, PolicyError, parse_duration, parse_size
 from tests.helpers_core import FIXTURES, REPO
 
 BAD = FIXTURES / "policies" / "bad"

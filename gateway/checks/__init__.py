@@ -12,9 +12,9 @@ from types import MappingProxyType
 
 from gateway.checks.arguments import compile_arguments
 from gateway.checks.body import compile_body
-from gateway.checks.payload import CheckContext, PayloadCheck
 from gateway.checks.sql import compile_sql_check
-from gateway.policy.source import Node
+from gateway.payload import CheckContext, PayloadCheck
+from gateway.policy_file import Node
 
 PayloadCompiler = Callable[[Node, CheckContext], PayloadCheck | None]
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from jsonschema import Draft202012Validator
 
 from gateway.checks.body import compile_schema, schema_errors
-from gateway.checks.payload import CheckContext, Payload, ToolCallPayload
 from gateway.errors import InternalError, ToolDenied
-from gateway.policy.source import Node
+from gateway.payload import CheckContext, Payload, ToolCallPayload
+from gateway.policy_file import Node
 
 
 @dataclass(frozen=True, slots=True)

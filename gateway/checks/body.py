@@ -14,9 +14,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from gateway.checks.payload import BodyPayload, CheckContext, Payload
 from gateway.errors import BodyInvalid, InternalError, PayloadTooLarge
-from gateway.policy.source import Node
+from gateway.payload import BodyPayload, CheckContext, Payload
+from gateway.policy_file import Node
 
 
 def pointer(path: Any) -> str:

@@ -93,9 +93,9 @@ from sqlglot.optimizer.scope import Scope, traverse_scope, walk_in_scope
 from sqlglot.tokenizer_core import Token, TokenType
 from sqlglot.tokens import SQLGLOTC_INSTALLED
 
-from gateway.checks.payload import BodyPayload, CheckContext, Payload, ToolCallPayload
 from gateway.errors import BodyInvalid, SqlDenied, ToolDenied
-from gateway.policy.source import Node
+from gateway.payload import BodyPayload, CheckContext, Payload, ToolCallPayload
+from gateway.policy_file import Node
 
 logger = logging.getLogger("capgate.checks.sql")
 

@@ -24,8 +24,9 @@ from gateway.policy.model import (
     Role,
     Rule,
     Upstream,
+    volatile_problem,
 )
-from gateway.policy.source import Node, PolicyError, read_document
+from gateway.policy_file import Node, PolicyError, read_document
 from gateway.target import UPSTREAM_NAME
 
 SUPPORTED_VERSIONS = (1,)
@@ -375,8 +376,6 @@ def _rule(
 
 def _volatile(node: Node) -> tuple[str, ...]:
     """Fields that change between runs (timestamps, nonces): /json/pointer, query:name, body."""
-    from gateway.recording.canonical import volatile_problem
-
     items = node.as_list()
     out: list[str] = []
     for item in items or ():

@@ -22,7 +22,7 @@ from gateway.errors import NoRule, QueryInvalid, ToolDenied
 from gateway.target import Target
 
 if TYPE_CHECKING:
-    from gateway.checks.payload import PayloadCheck
+    from gateway.payload import PayloadCheck
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -88,6 +88,17 @@ class Constraint:
         if self.regex is not None and not self.regex.fullmatch(value):
             return f"must match {self.regex.pattern!r}"
         return None
+
+
+VOLATILE_ENTRY = re.compile(r"/.*|query:[^=&]{1,256}|body")
+"""The valid forms of a rule's ``volatile`` entry (fields recordings match loosely)."""
+
+
+def volatile_problem(entry: str) -> str | None:
+    """Why a ``volatile`` entry is not valid, or None."""
+    if VOLATILE_ENTRY.fullmatch(entry):
+        return None
+    return f"volatile entry {entry!r} must be a JSON pointer ('/field'), 'query:<name>' or 'body'"
 
 
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,17})")

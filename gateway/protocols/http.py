@@ -10,7 +10,7 @@ from gateway.call import Operation
 if TYPE_CHECKING:
     from gateway.call import Call, Refusal
     from gateway.errors import GatewayError
-    from gateway.transports.base import UpstreamResponse
+    from gateway.transport import UpstreamResponse
 
 
 class PlainHttp:

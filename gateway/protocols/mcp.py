@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.call import Operation, Refusal
-from gateway.checks.payload import ToolCallPayload, dump_json, parse_json
 from gateway.errors import BadRequest, BodyInvalid, GatewayError, TokenError, ToolDenied
+from gateway.payload import ToolCallPayload, dump_json, parse_json
 
 if TYPE_CHECKING:
     from gateway.call import Call
-    from gateway.transports.base import UpstreamResponse
+    from gateway.transport import UpstreamResponse
 
 # Protocol methods that carry no tool call: the handshake (initialize, or server/discover in
 # the 2026-07-28 protocol), liveness, and the tool listing (filtered on the way back).

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,17 +37,6 @@ if TYPE_CHECKING:
     from gateway.policy.model import Rule
 
 Form = str  # "json" | "text" | "digest"
-
-VOLATILE_ENTRY = re.compile(r"/.*|query:[^=&]{1,256}|body")
-"""The valid forms of a ``volatile`` entry; the policy loader should refuse others."""
-
-
-def volatile_problem(entry: str) -> str | None:
-    """Why a ``volatile`` entry is not valid, or None (for the policy loader to call)."""
-    if VOLATILE_ENTRY.fullmatch(entry):
-        return None
-    return f"volatile entry {entry!r} must be a JSON pointer ('/field'), 'query:<name>' or 'body'"
-
 
 # --- bodies ----------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from gateway.audit_record import BodyHasher, BodyMac
 from gateway.call import Call
 from gateway.errors import PayloadTooLarge, UpstreamError
-from gateway.transports.base import Body, Transport, UpstreamRequest
+from gateway.transport import Body, Transport, UpstreamRequest
 
 
 class _BodyLimit:

@@ -27,7 +27,7 @@ from gateway.errors import (
 from gateway.http_headers import HOP_BY_HOP, connection_named
 
 if TYPE_CHECKING:
-    from gateway.transports.base import UpstreamResponse
+    from gateway.transport import UpstreamResponse
 
 log = logging.getLogger("capgate")
 

@@ -8,7 +8,7 @@ the checked payloads, so what was checked is what is sent.
 from __future__ import annotations
 
 from gateway.call import Call
-from gateway.checks.payload import BodyPayload
+from gateway.payload import BodyPayload
 
 
 class Validate:

@@ -38,7 +38,7 @@ from gateway.recording.format import INLINE_LIMIT, RecordingError, parse_iso_tim
 from gateway.recording.model import BodyData, Decision, ErrorInfo, Exchange, ResponseData, Spilled
 from gateway.recording.redact import DEFAULT_REDACTOR, KnownSecret, Redactor
 from gateway.recording.writer import RecordingWriter
-from gateway.transports.base import Transport, UpstreamRequest, UpstreamResponse
+from gateway.transport import Transport, UpstreamRequest, UpstreamResponse
 
 if TYPE_CHECKING:
     from gateway.recording.denial import Denial

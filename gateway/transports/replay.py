@@ -52,7 +52,7 @@ from gateway.recording.matching import Matcher, Probe, ReplayMissed, ReplayRepor
 from gateway.recording.model import Entry, ErrorInfo, Recording
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor
-from gateway.transports.base import Body, Transport, UpstreamRequest, UpstreamResponse
+from gateway.transport import Body, Transport, UpstreamRequest, UpstreamResponse
 from gateway.transports.record import RecordTransport, secrets_of
 
 if TYPE_CHECKING:

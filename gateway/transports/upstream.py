@@ -18,7 +18,7 @@ from yarl import URL
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import Upstream
-from gateway.transports.base import UpstreamRequest
+from gateway.transport import UpstreamRequest
 
 CHUNK_SIZE = 64 * 1024
 

@@ -13,7 +13,6 @@ import pytest
 import sqlglot.tokens
 
 import gateway.checks.sql as sql_module
-from gateway.checks.payload import BodyPayload, Findings, ToolCallPayload
 from gateway.checks.sql import (
     DEFAULT_FUNCTIONS,
     MAX_NESTING,
@@ -31,8 +30,9 @@ from gateway.checks.sql import (
     parse_table_name,
 )
 from gateway.errors import BodyInvalid, GatewayError, Reason, SqlDenied, ToolDenied
+from gateway.payload import BodyPayload, Findings, ToolCallPayload
 from gateway.policy.load import load_policy
-from gateway.policy.source import PolicyError
+from gateway.policy_file import PolicyError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sql"
 DIALECTS = ("postgres", "sqlite", "mysql")
@@ -796,7 +796,7 @@ def test_policy_file_errors_name_file_line_and_column(block: str, line: int, mes
 
 
 async def test_explain_runs_the_sql_check_in_the_pipeline() -> None:
-    from gateway.policy.explain import explain
+    from gateway.commands.explain import explain
 
     block = ANALYST_SQL.format(dialect="postgres").replace(
         "max_limit: 1000", "max_limit: 1000\nadd_limit: true"

@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestClient
 
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import Settings
-from gateway.recording import ModeTransport
-from gateway.transports.base import Transport
+from gateway.transport import Transport
+from gateway.transports.modes import ModeTransport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayTransport
 from mocks.demo import Workspace, rewrite_policy_urls

@@ -14,7 +14,7 @@ from gateway.policy.load import load_policy
 from gateway.policy.model import Policy, Rule
 from gateway.recording.model import Decision, Exchange, ResponseData
 from gateway.recording.writer import RecordingWriter
-from gateway.transports.base import UpstreamRequest
+from gateway.transport import UpstreamRequest
 
 MINI_POLICY = """
 version: 1

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.model import PathPattern, Rule
+from gateway.policy.model import PathPattern, Rule, volatile_problem
 from gateway.recording.canonical import (
     CallKey,
     call_key,
@@ -15,7 +15,6 @@ from gateway.recording.canonical import (
     normalise_sql,
     recanonicalise,
     split_target,
-    volatile_problem,
 )
 
 

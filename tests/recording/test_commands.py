@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.recording.commands import (
+from gateway.commands.recording import (
     cmd_export_har,
     cmd_import_har,
     cmd_policy_test,

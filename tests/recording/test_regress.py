@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.commands.regression import policy_test
 from gateway.policy.load import load_policy
 from gateway.recording.model import Decision, ErrorInfo
-from gateway.recording.regress import policy_test
 from tests.recording.helpers import exchange, write
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.recording import build_transport
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import lint
+from gateway.transports.modes import build_transport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayOrRecordTransport, ReplayTransport, ShadowTransport
 from gateway.transports.upstream import LiveTransport
@@ -196,7 +196,7 @@ async def test_sse_chunk_order_is_reproduced(recorded: Recorded, token: Any, gat
     directory = await recorded.finish()
     from multidict import CIMultiDict
 
-    from gateway.transports.base import UpstreamRequest
+    from gateway.transport import UpstreamRequest
 
     replay = ReplayTransport(directory)
     req = UpstreamRequest(

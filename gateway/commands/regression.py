@@ -1,7 +1,7 @@
 """Policy regression on real traffic: recorded calls through a new policy, nothing sent.
 
 ``policy_test(policy, dir)`` takes every recorded call, allowed or denied, and asks the new
-policy for its decision with ``gateway.policy.explain.explain``: the same stages the gateway
+policy for its decision with ``gateway.commands.explain.explain``: the same stages the gateway
 runs (target, rule match, payload checks), with the roles, caps, agent and run recorded from
 the call's token. It reports every decision that changes:
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.policy.explain import explain
+from gateway.commands.explain import explain
 from gateway.recording.model import Entry
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import HeaderValue

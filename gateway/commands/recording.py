@@ -127,9 +127,9 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
 
 def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool = False) -> int:
     """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied."""
+    from gateway.commands.regression import policy_test
     from gateway.policy.load import load_policy
-    from gateway.policy.source import PolicyError
-    from gateway.recording.regress import policy_test
+    from gateway.policy_file import PolicyError
 
     try:
         policy = load_policy(policy_file)

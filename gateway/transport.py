@@ -1,7 +1,8 @@
-"""The one seam between the pipeline and the outside: ``Transport.send``.
+"""The one seam between the pipeline and the outside: ``Transport.send`` (and ``close``).
 
-Live forwarding, recording and replay are transports chosen once at start (``app.py``); no
-stage branches on the mode.
+The implementations live in ``gateway/transports/``: live forwarding (``upstream.py``),
+recording (``record.py``) and replay (``replay.py``), chosen once at start by mode
+(``modes.py``, called from ``app.py``); no stage branches on the mode.
 """
 
 from __future__ import annotations

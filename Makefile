@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint check clean venv
+.PHONY: run test pytest bench lint typecheck check clean venv
 
 venv: $(STAMP)
 
@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m mocks.demo
 
-## Run the whole test suite.
-test: $(STAMP)
+## Lint, type-check, then run the whole test suite (what CI runs).
+test: lint typecheck pytest
+
+## The test suite alone.
+pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Throughput and latency: direct call vs bare proxy vs capgate, as ratios in one run.
@@ -33,7 +36,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway mocks tests bench
 	$(BIN)/ruff format --check gateway mocks tests bench
 
-check: lint test
+## Strict type checking of the shipped package.
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: test
 
 clean:
 	rm -rf $(VENV) .pytest_cache .demo build *.egg-info

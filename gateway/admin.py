@@ -13,9 +13,9 @@ from __future__ import annotations
 import hmac
 import json
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gateway.approvals import Approvals
 from gateway.errors import ConfigError
@@ -45,7 +45,7 @@ def _problem(status: int, reason: str, detail: str) -> web.Response:
 
 
 @web.middleware
-async def _authorized(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _authorized(request: web.Request, handler: Handler) -> web.StreamResponse:
     expected = b"Bearer " + request.app[ADMIN_TOKEN]
     got = request.headers.get("Authorization", "").encode()
     if not hmac.compare_digest(got, expected):

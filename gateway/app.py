@@ -18,9 +18,9 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
@@ -287,7 +287,7 @@ def create_app(gw: Gateway) -> web.Application:
         return await run(request)
 
     @web.middleware
-    async def unroutable(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def unroutable(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.match_info.http_exception is not None:
             return await run(request)
         return await handler(request)
@@ -351,8 +351,7 @@ async def serve(
             raise ConfigError(
                 f"cannot listen on {settings.host}:{settings.admin_port} (admin): {exc.strerror}"
             ) from exc
-    server = site._server  # the bound socket tells the real port when port is 0
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else settings.port
+    port = runner.addresses[0][1] if runner.addresses else settings.port  # real port for 0
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -395,13 +394,14 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
+    from gateway.state.base import REVOCATION_KINDS
 
     url = args.state or environ.get("CAPGATE_STATE")
     if not url or not url.startswith(("redis://", "rediss://")):
         raise CliError(
             "revoke needs a shared store: --state redis://host:port/db (or CAPGATE_STATE)"
         )
-    kind, value = next((k, getattr(args, k)) for k in ("jti", "agent", "run") if getattr(args, k))
+    kind, value = next((k, getattr(args, k)) for k in REVOCATION_KINDS if getattr(args, k))
 
     async def go() -> None:
         store = open_store(url)
@@ -417,7 +417,9 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    env = os.environ if environ is None else environ
+    from gateway.config import process_environ
+
+    env = process_environ() if environ is None else environ
     try:
         args = build_parser().parse_args(argv)
         if args.command == "serve":

@@ -39,6 +39,7 @@ traces                 (none: off)          OpenTelemetry spans: ``console`` or 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,11 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must be a mapping of settings")
     return data
+
+
+def process_environ() -> Mapping[str, str]:
+    """The process's environment: read here and passed down, so nothing else reads it."""
+    return os.environ
 
 
 def load_settings(

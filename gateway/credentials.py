@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import jwt
-
 from gateway.errors import ConfigError, InternalError
 from gateway.policy.model import Credentials, Policy
 from gateway.secret_files import check_secret_file
-from gateway.tokens import AGENT_ID, PrivateKey, algorithm_of, key_id
+from gateway.tokens import AGENT_ID, PrivateKey, mint_upstream_jwt
 
 ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
 FILE_RECHECK_SECONDS = 5.0
@@ -190,20 +187,13 @@ class CredentialStore:
             return cached[1]
         if self.signing_key is None:
             raise CredentialUnavailable(f"no upstream signing key for upstream {upstream!r}")
-        issued = int(now)
-        token = jwt.encode(
-            {
-                "iss": self.issuer,
-                "aud": audience,
-                "sub": agent,
-                "iat": issued,
-                "nbf": issued,
-                "exp": issued + int(creds.ttl),
-                "jti": uuid.uuid4().hex,
-            },
+        token = mint_upstream_jwt(
             self.signing_key,
-            algorithm=algorithm_of(self.signing_key),
-            headers={"kid": key_id(self.signing_key.public_key())},
+            issuer=self.issuer,
+            audience=audience,
+            agent=agent,
+            ttl=creds.ttl,
+            now=now,
         )
         secret = Secret(token)
         # Refresh when 80% of the lifetime has passed, so upstreams never see it expire.

@@ -316,6 +316,27 @@ def mint_token(
     )
 
 
+def mint_upstream_jwt(
+    private_key: PrivateKey, *, issuer: str, audience: str, agent: str, ttl: float, now: float
+) -> str:
+    """A short-lived JWT naming ``agent`` for an upstream (the ``agent-jwt`` credential)."""
+    issued = int(now)
+    return jwt.encode(
+        {
+            "iss": issuer,
+            "aud": audience,
+            "sub": agent,
+            "iat": issued,
+            "nbf": issued,
+            "exp": issued + int(ttl),
+            "jti": uuid.uuid4().hex,
+        },
+        private_key,
+        algorithm=algorithm_of(private_key),
+        headers={"kid": key_id(private_key.public_key())},
+    )
+
+
 # --- verification --------------------------------------------------------------------------
 
 

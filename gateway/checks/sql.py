@@ -1723,6 +1723,17 @@ class SqlBodyCheck:
             payload.replace_argument(self.argument, verdict.sql)
 
 
+def normalise_sql(text: str, dialect: str | None) -> str:
+    """SQL as sqlglot prints it (keywords upper-case, single spaces); on a parse error,
+    whitespace collapsed. Identifiers and literals are kept as written. Recordings compare
+    SQL in this form, so a reformatted query still finds its recording."""
+    try:
+        statements = sqlglot.transpile(text, read=dialect, write=dialect)
+    except (SqlglotError, ValueError, RecursionError):
+        return " ".join(text.split())
+    return "; ".join(statements)
+
+
 # --- the policy file ----------------------------------------------------------------------------
 
 SQL_KEYS = (

@@ -442,15 +442,15 @@ def _constraint(name: str, node: Node) -> Constraint | None:
         return None
     enum = None
     if "enum" in m:
-        values = [
+        items: list[str | None] = [
             str(v.value)
             if isinstance(v.value, int | str) and not isinstance(v.value, bool)
             else v.as_str()
             for v in (m["enum"].as_list() or [])
         ]
-        if any(v is None for v in values):
+        if any(v is None for v in items):
             return None
-        enum = frozenset(v for v in values if v is not None)
+        enum = frozenset(v for v in items if v is not None)
     regex = None
     if "regex" in m:
         text = m["regex"].as_str()

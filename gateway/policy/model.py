@@ -116,7 +116,7 @@ class PathPattern:
     def __post_init__(self) -> None:
         object.__setattr__(self, "literal", all(isinstance(s, str) for s in self.segments))
 
-    def match(self, segments: tuple[str, ...]) -> dict[str, str] | None | str:
+    def match(self, segments: tuple[str, ...]) -> Mapping[str, str] | None | str:
         """Params when the path matches; None when it does not; a str reason when a param
         value breaks its constraint."""
         if len(segments) != len(self.segments):

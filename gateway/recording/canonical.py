@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.checks.sql import normalise_sql
+
 if TYPE_CHECKING:
     from gateway.policy.model import Rule
 
@@ -107,19 +109,6 @@ def _field_path(field: str) -> tuple[str, ...]:
     if field.startswith("/"):
         return tuple(_unescape(p) for p in field[1:].split("/"))
     return tuple(field.split("."))
-
-
-def normalise_sql(text: str, dialect: str | None) -> str:
-    """SQL as sqlglot prints it (keywords upper-case, single spaces); on a parse error,
-    whitespace collapsed. Identifiers and literals are kept as written."""
-    import sqlglot  # only here: replay must not need the parser for calls without SQL
-    from sqlglot.errors import SqlglotError
-
-    try:
-        statements = sqlglot.transpile(text, read=dialect, write=dialect)
-    except (SqlglotError, ValueError, RecursionError):
-        return " ".join(text.split())
-    return "; ".join(statements)
 
 
 def _normalise_sql_in(doc: Any, field: SqlField) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -113,7 +114,10 @@ NO_BODY_STATUSES = frozenset({204, 304})
 
 
 def _mask_headers(
-    upstream: UpstreamResponse, out: web.StreamResponse, drop: set[str], secret: bytes | None
+    upstream: UpstreamResponse,
+    out: web.StreamResponse,
+    drop: AbstractSet[str],
+    secret: bytes | None,
 ) -> None:
     text_secret = secret.decode() if secret else None
     for name, value in upstream.headers.items():
@@ -125,7 +129,11 @@ def _mask_headers(
 
 
 async def _respond_small(
-    call: Call, upstream: UpstreamResponse, drop: set[str], secret: bytes | None, mac: BodyMac
+    call: Call,
+    upstream: UpstreamResponse,
+    drop: AbstractSet[str],
+    secret: bytes | None,
+    mac: BodyMac,
 ) -> web.StreamResponse:
     """A small body of declared length: read whole, masked, sent in one write."""
     try:
@@ -189,7 +197,7 @@ class Respond:
         call: Call,
         upstream: UpstreamResponse,
         chunks: AsyncIterator[bytes],
-        drop: set[str],
+        drop: AbstractSet[str],
         secret: bytes | None,
     ) -> web.StreamResponse:
         request = call.request

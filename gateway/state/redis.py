@@ -499,7 +499,7 @@ class RedisStore:
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         try:
             async with asyncio.timeout(self._op_timeout):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         except Exception:
             log.debug("closing the pub/sub connection failed", exc_info=True)
 

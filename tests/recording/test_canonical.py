@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from gateway.checks.sql import normalise_sql
 from gateway.policy.model import PathPattern, Rule, volatile_problem
 from gateway.recording.canonical import (
     CallKey,
     call_key,
     canonical_body,
-    normalise_sql,
     recanonicalise,
     split_target,
 )

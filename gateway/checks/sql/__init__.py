@@ -38,9 +38,11 @@ Why each check exists is written in the module that does it (see /work/shared/PI
 ``parsing``     tokens to trees, once per (dialect, text), in a shared cache
 ``statement``   the checks of one statement: a thin driver over ``rules/``
 ``rules/``      one module per rule family: statements, functions, tables, columns, limit
-``policy``      ``SqlPolicy`` (settings, ``check``, the verdict cache) and ``SqlVerdict``
+``settings``    ``SqlSettings``: the one validator of a policy's settings, every problem named
+``policy``      ``SqlPolicy`` (built from settings; ``check``, the verdict cache), ``SqlVerdict``
 ``adapter``     ``SqlBodyCheck``: where the SQL is in a call
-``config``      the ``sql:`` key of a policy file (registers itself with the policy loader)
+``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at
+                the FILE:LINE:COL of each problem (registers itself with the policy loader)
 
 Any unexpected error while checking denies the call (``Denial.UNCHECKED``). Parses are cached
 per (dialect, text) and verdicts per (policy, text), both bounded LRU caches.
@@ -60,6 +62,7 @@ from gateway.checks.sql.parsing import (
     clear_parse_cache,
 )
 from gateway.checks.sql.policy import SqlPolicy, SqlVerdict
+from gateway.checks.sql.settings import SqlSettings, SqlSettingsError
 from gateway.checks.sql.violations import Denial
 
 __all__ = [
@@ -74,6 +77,8 @@ __all__ = [
     "SqlFamily",
     "SqlKind",
     "SqlPolicy",
+    "SqlSettings",
+    "SqlSettingsError",
     "SqlVerdict",
     "TableName",
     "cache_info",

@@ -1,33 +1,29 @@
 """The ``sql:`` key of a policy rule: read from the policy file into a ``SqlBodyCheck``.
 
-Errors are reported with the FILE:LINE:COL of the value at fault (``Node.fail``), all of them
-in one pass. Importing this module registers the reader for the ``sql`` rule key.
+The reader checks the shape of what is written (a mapping, lists of strings, integers, where
+the SQL is) and hands the values to ``SqlSettings``, which alone decides whether they are
+valid; each of its problems is reported at the FILE:LINE:COL of the key, list item or schema
+entry it names (``Node.fail``), all of them in one pass. Importing this module registers the
+reader for the ``sql`` rule key.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from gateway.checks.sql.adapter import SqlBodyCheck
-from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
-from gateway.checks.sql.names import (
-    TableName,
-    _is_catalog,
-    column_key,
-    parse_column_name,
-    parse_function_name,
-    parse_identifier,
-    parse_table_name,
-)
-from gateway.checks.sql.options import DIALECTS, SqlFamily, SqlKind
+from gateway.checks.sql.limits import MAX_SQL_LENGTH
 from gateway.checks.sql.policy import SqlPolicy
+from gateway.checks.sql.settings import SettingProblem, SqlSettings, SqlSettingsError
 from gateway.policy.load import register_payload_check
 from gateway.policy.source import Node
+
+_T = TypeVar("_T")
 
 _FIELD_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 
@@ -51,25 +47,28 @@ SQL_KEYS = (
 )
 
 
-def _str_items(node: Node, what: str) -> list[tuple[Node, str]]:
-    items = node.as_list()
-    if items is None:
-        return []
-    if not items:
-        node.fail(f"{node.where}: expected at least one {what}")
-    out: list[tuple[Node, str]] = []
-    for item in items:
-        value = item.as_str(what=what)
-        if value is not None:
-            out.append((item, value))
-    return out
+class _Schema:
+    """A schema as read (table -> column names), and the node to blame for each entry."""
+
+    def __init__(self, file: Node | None = None, path: str = "") -> None:
+        self.columns: dict[str, list[str]] = {}
+        self.nodes: dict[str, Node] = {}
+        self.file = file  # the schema_file node, when the schema was read from a file
+        self.path = path
+
+    def fail(self, table: str, message: str) -> None:
+        entry = self.nodes[table]
+        if self.file is None:
+            entry.fail(f"{entry.where}: {message}")
+        else:
+            self.file.fail(f"{self.file.where}: in {self.path!r}: {entry.where}: {message}")
 
 
-def _schema_from_node(node: Node, dialect: str | None) -> dict[str, list[str]] | None:
+def _schema_from_node(node: Node, schema: _Schema) -> bool:
+    """Read the entries of a schema mapping into ``schema``; False when it is not a mapping."""
     if not isinstance(node.value, dict):
         node.fail(f"{node.where}: expected a mapping of table -> list of columns")
-        return None
-    out: dict[str, list[str]] = {}
+        return False
     for key, value in node.entries():
         if isinstance(value.value, dict):
             names = [str(k) for k in value.value]
@@ -78,19 +77,12 @@ def _schema_from_node(node: Node, dialect: str | None) -> dict[str, list[str]] |
             if listed is None:
                 continue
             names = listed
-        if dialect is not None:
-            try:
-                parse_table_name(key.value, dialect)
-                for name in names:
-                    parse_identifier(name, dialect)
-            except ValueError as exc:
-                value.fail(f"{value.where}: {exc}")
-                continue
-        out[key.value] = names
-    return out
+        schema.columns[key.value] = names
+        schema.nodes[key.value] = value
+    return True
 
 
-def _schema_from_file(node: Node, dialect: str | None) -> dict[str, list[str]] | None:
+def _schema_from_file(node: Node) -> _Schema | None:
     text = node.as_str(what="a file path")
     if text is None:
         return None
@@ -104,10 +96,123 @@ def _schema_from_file(node: Node, dialect: str | None) -> dict[str, list[str]] |
         node.fail(f"{node.where}: {str(path)!r} is not YAML or JSON: {exc}")
         return None
     sub = Node(data, node.path, node.line, node.col, node.where, [])
-    schema = _schema_from_node(sub, dialect)
+    schema = _Schema(file=node, path=str(path))
+    _schema_from_node(sub, schema)
     for issue in sub.issues:
         node.fail(f"{node.where}: in {str(path)!r}: {issue.message}")
     return schema if not sub.issues else None
+
+
+class _Reader:
+    """Reads the values of a ``sql:`` mapping into ``SqlSettings``, checking only their types.
+
+    Whether the values are valid is for ``SqlSettings`` to say; its problems are reported here
+    at the node of the key, list item or schema entry they name.
+    """
+
+    def __init__(self, node: Node, m: dict[str, Node]) -> None:
+        self.node = node
+        self.m = m
+        self.unread: set[str] = {key for key in ("dialect", "tables") if key not in m}
+        self.items: dict[str, list[Node]] = {}  # list key -> the node of each item read
+        self.schema: _Schema | None = None
+
+    def settings(self) -> SqlSettings:
+        m = self.m
+        return SqlSettings(
+            dialect=m["dialect"].value if "dialect" in m else "",
+            tables=self.strings("tables", "a table name", empty_ok=True),
+            statements=self.strings("statements", "a statement kind", ("select",), empty_ok=True),
+            max_statements=self.integer("max_statements", 1),
+            default_schema=self.string("default_schema", "a schema name"),
+            schema=self.read_schema(),
+            deny_columns=self.strings("deny_columns", "a column"),
+            functions=self.strings("functions", "a function name"),
+            max_limit=self.integer("max_limit", None),
+            add_limit=self.boolean("add_limit"),
+            allow=self.strings("allow", "a family to allow"),
+            max_length=self.integer("max_length", MAX_SQL_LENGTH),
+            unread=frozenset(self.unread),
+        )
+
+    def strings(
+        self, key: str, what: str, default: tuple[str, ...] = (), *, empty_ok: bool = False
+    ) -> tuple[str, ...]:
+        """A list of strings. An empty list says nothing and is refused here, except where the
+        settings judge it themselves (``empty_ok``: statements and tables need at least one)."""
+        if key not in self.m:
+            return default
+        node = self.m[key]
+        items = node.as_list()
+        if items is None:
+            self.unread.add(key)
+            return ()
+        if not items and not empty_ok:
+            node.fail(f"{node.where}: expected at least one {what}")
+        values: list[str] = []
+        nodes: list[Node] = []
+        for item in items:
+            value = item.as_str(what=what)
+            if value is None:
+                self.unread.add(key)
+            else:
+                values.append(value)
+                nodes.append(item)
+        self.items[key] = nodes
+        return tuple(values)
+
+    def string(self, key: str, what: str) -> str | None:
+        if key not in self.m:
+            return None
+        value = self.m[key].as_str(what=what)
+        if value is None:
+            self.unread.add(key)
+        return value
+
+    def integer(self, key: str, default: _T) -> int | _T:
+        if key not in self.m:
+            return default
+        value = self.m[key].as_int()
+        if value is None:
+            self.unread.add(key)
+            return default
+        return value
+
+    def boolean(self, key: str) -> bool:
+        if key not in self.m:
+            return False
+        value = self.m[key].as_bool()
+        if value is None:
+            self.unread.add(key)
+        return bool(value)
+
+    def read_schema(self) -> dict[str, list[str]] | None:
+        m = self.m
+        if "schema" in m and "schema_file" in m:
+            m["schema_file"].fail(f"{self.node.where}: give 'schema' or 'schema_file', not both")
+            self.schema = None
+        elif "schema" in m:
+            self.schema = _Schema()
+            if not _schema_from_node(m["schema"], self.schema):
+                self.schema = None
+        elif "schema_file" in m:
+            self.schema = _schema_from_file(m["schema_file"])
+        else:
+            return None
+        if self.schema is None:
+            self.unread.add("schema")
+            return None
+        return self.schema.columns
+
+    def report(self, problem: SettingProblem) -> None:
+        """Record a problem of the settings at the node it names."""
+        if problem.key == "schema" and isinstance(problem.item, str) and self.schema is not None:
+            self.schema.fail(problem.item, problem.message)
+            return
+        node = self.m.get(problem.key, self.node)
+        if isinstance(problem.item, int):
+            node = self.items[problem.key][problem.item]
+        node.fail(f"{node.where}: {problem.message}")
 
 
 def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | None:
@@ -116,7 +221,6 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
     m = node.as_map(required=("dialect", "tables"), optional=SQL_KEYS)
     if m is None:
         return None
-    dialect = m["dialect"].as_choice(DIALECTS) if "dialect" in m else None
     rule_id = context.get("rule_id")
     tool = context.get("tool")
     upstream = context.get("upstream")
@@ -150,130 +254,15 @@ def compile_sql_check(node: Node, context: dict[str, Any]) -> SqlBodyCheck | Non
     else:
         raw = m["body"].as_choice(("raw",)) == "raw"
 
-    statements = ["select"]
-    if "statements" in m:
-        statements = []
-        for item, _ in _str_items(m["statements"], "a statement kind"):
-            kind = item.as_choice(tuple(k.value for k in SqlKind))
-            if kind is not None:
-                statements.append(kind)
-    max_statements = 1
-    if "max_statements" in m:
-        max_statements = m["max_statements"].as_int(minimum=1, maximum=MAX_STATEMENTS) or 1
-
-    allow: list[str] = []
-    if "allow" in m:
-        for item, value in _str_items(m["allow"], "a family to allow"):
-            if value in ("dml", "ddl"):
-                item.fail(
-                    f"{item.where}: {value!r} is allowed by listing statement kinds in "
-                    "'statements' (insert, update, delete, merge / create, drop, alter, "
-                    "truncate)"
-                )
-                continue
-            family = item.as_choice(tuple(f.value for f in SqlFamily))
-            if family is not None:
-                allow.append(family)
-
-    default_schema: str | None = None
-    schema_name = ""  # default_schema, normalised
-    if "default_schema" in m:
-        default_schema = m["default_schema"].as_str(what="a schema name")
-        if default_schema is not None and dialect is not None:
-            try:
-                schema_name = parse_identifier(default_schema, dialect)
-            except ValueError as exc:
-                m["default_schema"].fail(f"{m['default_schema'].where}: {exc}")
-
-    def canon(t: TableName) -> TableName:
-        return TableName(t.catalog, t.db or schema_name, t.name)
-
-    tables: list[str] = []
-    canonical: set[TableName] = set()
-    for item, value in _str_items(m["tables"], "a table name") if "tables" in m else []:
-        if dialect is None:
-            continue
-        try:
-            name = canon(parse_table_name(value, dialect))
-        except ValueError as exc:
-            item.fail(f"{item.where}: {exc}")
-            continue
-        if _is_catalog(name, dialect) and "system_catalogs" not in allow:
-            item.fail(
-                f"{item.where}: {value!r} is a system catalog; add system_catalogs to 'allow' "
-                "to let the rule read catalogs"
-            )
-            continue
-        tables.append(value)
-        canonical.add(name)
-
-    schema: dict[str, list[str]] | None = None
-    if "schema" in m and "schema_file" in m:
-        m["schema_file"].fail(f"{node.where}: give 'schema' or 'schema_file', not both")
-    elif "schema" in m:
-        schema = _schema_from_node(m["schema"], dialect)
-    elif "schema_file" in m:
-        schema = _schema_from_file(m["schema_file"], dialect)
-
-    known: dict[TableName, set[str]] = {}  # the schema, normalised (validated when read)
-    if schema is not None and dialect is not None:
-        for name_text, cols in schema.items():
-            known[canon(parse_table_name(name_text, dialect))] = {
-                column_key(parse_identifier(c, dialect), dialect) for c in cols
-            }
-    deny_columns: list[str] = []
-    for item, value in _str_items(m["deny_columns"], "a column") if "deny_columns" in m else []:
-        if dialect is None:
-            continue
-        try:
-            table, column = parse_column_name(value, dialect)
-        except ValueError as exc:
-            item.fail(f"{item.where}: {exc}")
-            continue
-        if canon(table) not in canonical:
-            item.fail(f"{item.where}: {value!r} names a table that is not in 'tables'")
-            continue
-        columns = known.get(canon(table))
-        if columns is not None and column_key(column, dialect) not in columns:
-            item.fail(f"{item.where}: the schema of {str(table)!r} has no column {column!r}")
-            continue
-        deny_columns.append(value)
-
-    functions: list[str] = []
-    for item, value in _str_items(m["functions"], "a function name") if "functions" in m else []:
-        try:
-            functions.append(parse_function_name(value))
-        except ValueError as exc:
-            item.fail(f"{item.where}: {exc}")
-
-    max_limit = m["max_limit"].as_int(minimum=1, maximum=MAX_LIMIT) if "max_limit" in m else None
-    add_limit = bool(m["add_limit"].as_bool()) if "add_limit" in m else False
-    if add_limit and "max_limit" not in m:
-        m["add_limit"].fail(f"{m['add_limit'].where}: add_limit needs max_limit")
-    max_length = MAX_SQL_LENGTH
-    if "max_length" in m:
-        max_length = m["max_length"].as_int(minimum=1, maximum=MAX_SQL_LENGTH) or MAX_SQL_LENGTH
-
-    if len(node.issues) > issues_before or dialect is None:
-        return None
+    # What it may do: read here, judged by SqlSettings.
+    reader = _Reader(node, m)
     try:
-        policy = SqlPolicy.create(
-            dialect,
-            tables=tables,
-            statements=statements,
-            max_statements=max_statements,
-            default_schema=default_schema,
-            schema=schema,
-            deny_columns=deny_columns,
-            functions=functions,
-            max_limit=max_limit,
-            add_limit=add_limit,
-            allow=allow,
-            max_length=max_length,
-            rule_id=rule_id,
-        )
-    except ValueError as exc:
-        node.fail(f"{node.where}: {exc}")
+        policy = SqlPolicy.from_settings(reader.settings(), rule_id=rule_id)
+    except SqlSettingsError as exc:
+        for problem in exc.problems:
+            reader.report(problem)
+        return None
+    if len(node.issues) > issues_before:
         return None
     return SqlBodyCheck(
         policy=policy, rule_id=rule_id, field=field_path, raw=raw, argument=argument, tool=tool

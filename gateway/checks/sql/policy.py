@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from sqlglot import exp
 
@@ -23,20 +22,12 @@ from gateway.checks.sql.lexing import _raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     MAX_SQL_LENGTH,
-    MAX_STATEMENTS,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.names import (
-    TableName,
-    _is_catalog,
-    column_key,
-    parse_column_name,
-    parse_function_name,
-    parse_identifier,
-    parse_table_name,
-)
-from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, SqlKind
+from gateway.checks.sql.names import TableName
+from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
+from gateway.checks.sql.settings import SqlSettings
 from gateway.checks.sql.statement import _StatementCheck
 from gateway.checks.sql.violations import Denial, _Refusal
 from gateway.errors import SqlDenied
@@ -100,67 +91,28 @@ class SqlPolicy:
         max_length: int = MAX_SQL_LENGTH,
         rule_id: str | None = None,
     ) -> SqlPolicy:
-        """Build a policy from plain values; raise ValueError naming the first bad one."""
-        if dialect not in DIALECTS:
-            raise ValueError(f"dialect: expected one of {list(DIALECTS)}, got {dialect!r}")
-        kinds = frozenset(SqlKind(s) for s in statements)
-        if not kinds:
-            raise ValueError("statements: at least one statement kind is required")
-        if not 1 <= max_statements <= MAX_STATEMENTS:
-            raise ValueError(f"max_statements: must be between 1 and {MAX_STATEMENTS}")
-        families = frozenset(SqlFamily(a) for a in allow)
-        default = parse_identifier(default_schema, dialect) if default_schema else None
-
-        def canon(t: TableName) -> TableName:
-            return TableName(t.catalog, t.db or default or "", t.name)
-
-        allowed = frozenset(canon(parse_table_name(t, dialect)) for t in tables)
-        if not allowed:
-            raise ValueError("tables: at least one table is required")
-        if SqlFamily.SYSTEM_CATALOGS not in families:
-            for t in allowed:
-                if _is_catalog(t, dialect):
-                    raise ValueError(
-                        f"tables: {str(t)!r} is a system catalog; add system_catalogs to allow"
-                    )
-        columns: dict[TableName, frozenset[str]] = {}
-        for name, cols in (schema or {}).items():
-            columns[canon(parse_table_name(name, dialect))] = frozenset(
-                column_key(parse_identifier(c, dialect), dialect) for c in cols
-            )
-        denied: dict[TableName, set[str]] = {}
-        for text in deny_columns:
-            table, column = parse_column_name(text, dialect)
-            table, column = canon(table), column_key(column, dialect)
-            if table not in allowed:
-                raise ValueError(f"deny_columns: {text!r} names a table that is not in tables")
-            if table in columns and column not in columns[table]:
-                raise ValueError(
-                    f"deny_columns: {text!r}: the schema of {str(table)!r} has no such column"
-                )
-            denied.setdefault(table, set()).add(column)
-        if max_limit is not None and max_limit < 1:
-            raise ValueError("max_limit: must be at least 1")
-        if add_limit and max_limit is None:
-            raise ValueError("add_limit: needs max_limit")
-        if not 1 <= max_length <= MAX_SQL_LENGTH:
-            raise ValueError(f"max_length: must be between 1 and {MAX_SQL_LENGTH}")
-        return cls(
+        """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
+        the first bad one, with every problem found in its ``problems``."""
+        settings = SqlSettings(
             dialect=dialect,
-            tables=allowed,
-            statements=kinds,
+            tables=tuple(tables),
+            statements=tuple(statements),
             max_statements=max_statements,
-            default_schema=default,
-            schema=MappingProxyType(columns),
-            deny_columns=MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
-            denied_names=frozenset(c for cols in denied.values() for c in cols),
-            functions=DEFAULT_FUNCTIONS | {parse_function_name(f) for f in functions},
+            default_schema=default_schema,
+            schema=None if schema is None else {t: tuple(c) for t, c in schema.items()},
+            deny_columns=tuple(deny_columns),
+            functions=tuple(functions),
             max_limit=max_limit,
             add_limit=add_limit,
-            allow=families,
+            allow=tuple(allow),
             max_length=max_length,
-            rule_id=rule_id,
         )
+        return cls.from_settings(settings, rule_id=rule_id)
+
+    @classmethod
+    def from_settings(cls, settings: SqlSettings, *, rule_id: str | None = None) -> SqlPolicy:
+        """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
+        return cls(**settings.resolve(), rule_id=rule_id)
 
     # -- the check -------------------------------------------------------------------------------
 

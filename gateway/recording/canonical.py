@@ -65,12 +65,12 @@ class SqlField:
 def sql_fields(rule: Rule | None) -> tuple[SqlField, ...]:
     """The SQL fields of a rule's checks whose ``kind`` is ``"sql"``.
 
-    The SQL check (``gateway/checks/sql.py``, ``SqlBodyCheck``) is read by attribute, so this
-    module does not depend on it: ``field`` (a path tuple, or a dotted path / JSON pointer
-    string), ``raw`` (the whole body is SQL), ``argument`` (an MCP ``tools/call`` argument,
-    at ``/params/arguments/<name>``), the dialect (``dialect`` or ``policy.dialect``), and an
-    optional ``normalize(text) -> str``, used when present so replay normalises exactly as the
-    check parses.
+    The SQL check (``SqlBodyCheck`` in ``gateway/checks/sql/adapter.py``) is read by
+    attribute, so this module does not depend on it: ``field`` (a path tuple, or a dotted
+    path / JSON pointer string), ``raw`` (the whole body is SQL), ``argument`` (an MCP
+    ``tools/call`` argument, at ``/params/arguments/<name>``), the dialect (``dialect`` or
+    ``policy.dialect``), and an optional ``normalize(text) -> str``, used when present so
+    replay normalises exactly as the check parses.
     """
     if rule is None:
         return ()

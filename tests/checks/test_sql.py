@@ -1,4 +1,4 @@
-"""gateway/checks/sql.py: table-driven fixtures per dialect, each sqlglot pitfall, the body
+"""gateway/checks/sql/: table-driven fixtures per dialect, each sqlglot pitfall, the body
 check, and the policy file keys (with FILE:LINE:COL errors)."""
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import pytest
 import sqlglot.tokens
 
 import gateway.checks.sql as sql_module
+import gateway.checks.sql.cache as sql_cache
+import gateway.checks.sql.parsing as sql_parsing
+import gateway.checks.sql.rules.tables as sql_tables
 from gateway.checks.sql import (
     DEFAULT_FUNCTIONS,
     MAX_NESTING,
@@ -315,13 +318,13 @@ def test_pitfall_add_limit_appends_and_rechecks() -> None:
 
 def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    real_parse = sql_module._parse
+    real_parse = sql_parsing._parse
 
     def spy(dialect: str, text: str) -> Any:
         seen.append(text)
         return real_parse(dialect, text)
 
-    monkeypatch.setattr(sql_module, "_parse", spy)
+    monkeypatch.setattr(sql_parsing, "_parse", spy)
     make(max_limit=7, add_limit=True).check("SELECT id FROM orders")
     assert seen == ["SELECT id FROM orders", "SELECT id FROM orders LIMIT 7"]
 
@@ -381,7 +384,7 @@ def test_pitfall_parse_and_verdict_are_cached() -> None:
 
 
 def test_caches_are_bounded_in_entries_and_text() -> None:
-    lru: sql_module._Lru[str, int] = sql_module._Lru(size=3, max_weight=10)
+    lru: sql_cache._Lru[str, int] = sql_cache._Lru(size=3, max_weight=10)
     for key, weight in [("a", 4), ("b", 4), ("c", 1), ("d", 1)]:
         lru.put(key, weight, weight)
     assert lru.get("a") is None  # evicted: four entries weigh 10 but only 3 fit
@@ -460,7 +463,7 @@ def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any) -> None:
         raise ValueError("a bug")
 
-    monkeypatch.setattr(sql_module._StatementCheck, "_check_tables", broken)
+    monkeypatch.setattr(sql_tables, "check_tables", broken)
     err = denial(make(), "SELECT id FROM orders")
     assert errors(err)[0]["kind"] == "unchecked"
     assert err.detail == "the SQL could not be checked"
@@ -468,7 +471,7 @@ def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     def deep(*args: Any) -> None:
         raise RecursionError
 
-    monkeypatch.setattr(sql_module._StatementCheck, "_check_tables", deep)
+    monkeypatch.setattr(sql_tables, "check_tables", deep)
     assert kind_of(make(), "SELECT id FROM orders") == "depth"
 
 

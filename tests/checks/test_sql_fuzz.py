@@ -1,4 +1,4 @@
-"""Property tests of gateway/checks/sql.py.
+"""Property tests of gateway/checks/sql/.
 
 - Any text, in any dialect, ends in a verdict or ``SqlDenied``, never another exception.
 - SELECTs generated from a small grammar (joins, derived tables, subqueries, CTEs that shadow

@@ -20,7 +20,7 @@ from gateway.recording.canonical import (
 
 @dataclass(frozen=True)
 class SqlCheck:
-    """Stands in for gateway/checks/sql.py's compiled check (read by attribute)."""
+    """Stands in for gateway/checks/sql/adapter.py's compiled check (read by attribute)."""
 
     kind: str = "sql"
     field: str = "sql"

@@ -1,0 +1,91 @@
+"""SQL in a call: parsed with sqlglot, checked against the rule's ``sql:`` policy, fail closed.
+
+A rule that forwards SQL to a database names where the SQL is and what it may do::
+
+    sql:
+      dialect: postgres            # postgres | sqlite | mysql (required)
+      field: sql                   # dotted path of the JSON body field holding the SQL
+      # body: raw                  # ... or: the whole request body is the SQL (UTF-8)
+      # argument: sql              # ... or, for an MCP tool rule: the tool argument
+      statements: [select]         # statement kinds allowed (default [select])
+      max_statements: 1            # statements per call (default 1)
+      tables: [orders, customers]  # the only tables that may be named (required)
+      default_schema: public       # optional: 'orders' and 'public.orders' are the same table
+      schema:                      # optional: columns per table (a list, or a mapping to types)
+        customers: [id, name, email, ssn, country]
+      # schema_file: schema.yaml   # ... or the same mapping in a YAML/JSON file next to the policy
+      deny_columns: [customers.ssn]
+      functions: [md5]             # allowed on top of DEFAULT_FUNCTIONS
+      max_limit: 1000              # the outermost query needs a literal LIMIT <= 1000 ...
+      add_limit: true              # ... or, when it has none, gets 'LIMIT 1000' appended
+      allow: [locking]             # opt-ins: locking, into, system_catalogs, variables
+      max_length: 100000           # characters (default and ceiling 100000)
+
+``SqlPolicy.check(text)`` returns a ``SqlVerdict`` (the SQL to forward: the original text,
+unless a LIMIT was appended) or raises ``SqlDenied``. ``errors[0]["kind"]`` of a denial is one
+of the stable ``Denial`` categories; each entry also says what was ``found`` and, when known,
+its ``line`` and ``col``.
+
+Why each check exists is written in the module that does it (see /work/shared/PITFALLS.md,
+"sqlglot"). The package reads like sqlglot itself, text to tokens to trees to rules:
+
+``limits``      the bounds on one call's work and on the caches
+``options``     dialects, statement kinds, opt-in families, default functions
+``names``       table, column and function names, normalised per dialect
+``violations``  denial categories, violations, and the ``SqlDenied`` they become
+``cache``       the bounded LRU map behind the parse and verdict caches
+``lexing``      the raw text and its tokens: measured, and refused where databases lex otherwise
+``parsing``     tokens to trees, once per (dialect, text), in a shared cache
+``statement``   the checks of one statement: a thin driver over ``rules/``
+``rules/``      one module per rule family: statements, functions, tables, columns, limit
+``settings``    ``SqlSettings``: the one validator of a policy's settings, every problem named
+``policy``      ``SqlPolicy`` (built from settings; ``check``, the verdict cache), ``SqlVerdict``
+``adapter``     ``SqlBodyCheck``: where the SQL is in a call
+``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at
+                the FILE:LINE:COL of each problem (registers itself with the policy loader)
+
+Any unexpected error while checking denies the call (``Denial.UNCHECKED``). Parses are cached
+per (dialect, text) and verdicts per (policy, text), both bounded LRU caches.
+
+This check is defence in depth: the database role behind a read tool should be read-only.
+"""
+
+from gateway.checks.sql.adapter import SqlBodyCheck
+from gateway.checks.sql.config import compile_sql_check
+from gateway.checks.sql.limits import MAX_NESTING, MAX_SUBSCRIPTS, MAX_TOKENS
+from gateway.checks.sql.names import TableName, parse_column_name, parse_table_name
+from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
+from gateway.checks.sql.parsing import (
+    SQLGLOT_COMPILED,
+    SQLGLOT_VERSION,
+    cache_info,
+    clear_parse_cache,
+    normalise_sql,
+)
+from gateway.checks.sql.policy import SqlPolicy, SqlVerdict
+from gateway.checks.sql.settings import SqlSettings, SqlSettingsError
+from gateway.checks.sql.violations import Denial
+
+__all__ = [
+    "DEFAULT_FUNCTIONS",
+    "MAX_NESTING",
+    "MAX_SUBSCRIPTS",
+    "MAX_TOKENS",
+    "SQLGLOT_COMPILED",
+    "SQLGLOT_VERSION",
+    "Denial",
+    "SqlBodyCheck",
+    "SqlFamily",
+    "SqlKind",
+    "SqlPolicy",
+    "SqlSettings",
+    "SqlSettingsError",
+    "SqlVerdict",
+    "TableName",
+    "cache_info",
+    "clear_parse_cache",
+    "compile_sql_check",
+    "normalise_sql",
+    "parse_column_name",
+    "parse_table_name",
+]

@@ -1,0 +1,41 @@
+"""Bounds on the work one call can cause, and on the caches that remember checks."""
+
+from __future__ import annotations
+
+# --- the SQL text and its tokens ----------------------------------------------------------------
+
+MAX_SQL_LENGTH = 100_000
+"""Characters; the ceiling and default of ``max_length``."""
+MAX_TOKENS = 10_000
+"""Parsing is roughly linear in tokens (~10 µs each compiled); this bounds one parse."""
+MAX_NESTING = 32
+"""Depth of ( [ { . sqlglot recurses per level; the compiled build can crash past ~5,000."""
+MAX_SUBSCRIPTS = 32
+"""``[`` tokens: sqlglot parses chained subscripts in super-linear time (a[1]x1000: ~3 s)."""
+MAX_TREE_DEPTH = 600
+"""Depth of the parsed tree (long AND/OR chains are left-deep)."""
+PG_MAX_IDENTIFIER_BYTES = 63
+"""PostgreSQL silently truncates longer identifiers; sqlglot does not."""
+
+# --- the settings of a policy -------------------------------------------------------------------
+
+MAX_STATEMENTS = 50
+"""Ceiling of ``max_statements``."""
+MAX_LIMIT = 10**9
+"""Ceiling of ``max_limit`` (far above any useful row count; keeps the number a plain int)."""
+
+# --- reports ------------------------------------------------------------------------------------
+
+MAX_ERRORS = 10
+"""Entries kept in ``SqlDenied.errors``."""
+
+# --- caches -------------------------------------------------------------------------------------
+
+PARSE_CACHE_SIZE = 1024
+PARSE_CACHE_CHARS = 1_000_000
+"""Total text length of cached parses: a tree takes ~110 bytes per character (~110 MB)."""
+VERDICT_CACHE_SIZE = 4096
+VERDICT_CACHE_CHARS = 4_000_000
+"""Total text length of one policy's cached verdicts (the texts are the keys)."""
+CACHE_MAX_TEXT = 16_384
+"""Texts longer than this are checked every time instead of being cached."""

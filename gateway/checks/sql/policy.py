@@ -1,0 +1,204 @@
+"""``SqlPolicy``: one rule's compiled ``sql:`` settings, and the check of a text against them.
+
+``check`` measures the text, parses it (``parsing``), runs the checks of each statement
+(``statement``) and remembers the verdict per text in a bounded cache. Any unexpected error
+while checking denies the call (``Denial.UNCHECKED``).
+
+Regenerating SQL can change its meaning, so the checked text itself is forwarded; an appended
+LIMIT is added to the text and the new text is parsed and checked again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from gateway.checks.sql import parsing
+from gateway.checks.sql.cache import _Lru
+from gateway.checks.sql.lexing import _raw_text_problems
+from gateway.checks.sql.limits import (
+    CACHE_MAX_TEXT,
+    MAX_SQL_LENGTH,
+    VERDICT_CACHE_CHARS,
+    VERDICT_CACHE_SIZE,
+)
+from gateway.checks.sql.names import TableName
+from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
+from gateway.checks.sql.settings import SqlSettings
+from gateway.checks.sql.statement import _StatementCheck
+from gateway.checks.sql.violations import Denial, _Refusal
+from gateway.errors import SqlDenied
+
+logger = logging.getLogger("capgate.checks.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class SqlVerdict:
+    """What an allowed SQL text does, and the exact text to forward."""
+
+    sql: str  # the text that was checked: the original, or the original plus ' LIMIT n'
+    kinds: tuple[str, ...]  # statement kinds found, root and nested (sorted)
+    tables: tuple[str, ...]  # real tables read or written (sorted, normalised)
+    columns: tuple[str, ...]  # table.column references that could be resolved (best effort)
+    rewritten: bool = False  # True when a LIMIT was appended (add_limit)
+
+
+@dataclass(frozen=True, eq=False)
+class SqlPolicy:
+    """A compiled ``sql:`` policy. Build it with ``SqlPolicy.create``; ``check`` is thread-safe.
+
+    Security parameters come from the policy file only, never from the call.
+    """
+
+    dialect: str
+    tables: frozenset[TableName]  # canonical (default_schema filled in)
+    statements: frozenset[SqlKind] = frozenset({SqlKind.SELECT})
+    max_statements: int = 1
+    default_schema: str | None = None
+    schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
+    functions: frozenset[str] = DEFAULT_FUNCTIONS
+    max_limit: int | None = None
+    add_limit: bool = False
+    allow: frozenset[SqlFamily] = frozenset()
+    max_length: int = MAX_SQL_LENGTH
+    rule_id: str | None = None
+    _verdicts: _Lru[str, SqlVerdict | _Refusal] = field(
+        default_factory=lambda: _Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
+    )
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        dialect: str,
+        *,
+        tables: Iterable[str],
+        statements: Iterable[str] = ("select",),
+        max_statements: int = 1,
+        default_schema: str | None = None,
+        schema: Mapping[str, Iterable[str]] | None = None,
+        deny_columns: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        max_limit: int | None = None,
+        add_limit: bool = False,
+        allow: Iterable[str] = (),
+        max_length: int = MAX_SQL_LENGTH,
+        rule_id: str | None = None,
+    ) -> SqlPolicy:
+        """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
+        the first bad one, with every problem found in its ``problems``."""
+        settings = SqlSettings(
+            dialect=dialect,
+            tables=tuple(tables),
+            statements=tuple(statements),
+            max_statements=max_statements,
+            default_schema=default_schema,
+            schema=None if schema is None else {t: tuple(c) for t, c in schema.items()},
+            deny_columns=tuple(deny_columns),
+            functions=tuple(functions),
+            max_limit=max_limit,
+            add_limit=add_limit,
+            allow=tuple(allow),
+            max_length=max_length,
+        )
+        return cls.from_settings(settings, rule_id=rule_id)
+
+    @classmethod
+    def from_settings(cls, settings: SqlSettings, *, rule_id: str | None = None) -> SqlPolicy:
+        """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
+        return cls(**settings.resolve(), rule_id=rule_id)
+
+    # -- the check -------------------------------------------------------------------------------
+
+    def check(self, text: str) -> SqlVerdict:
+        """The verdict for ``text``, or raise ``SqlDenied`` saying what was found and where."""
+        if not isinstance(text, str):
+            raise SqlDenied("the SQL must be a string", rule=self.rule_id)
+        cacheable = len(text) <= CACHE_MAX_TEXT
+        if cacheable:
+            hit = self._verdicts.get(text)
+            if hit is not None:
+                if isinstance(hit, _Refusal):
+                    raise hit.error(self.rule_id)
+                return hit
+        result: SqlVerdict | _Refusal
+        try:
+            result = self._evaluate(text, rewrite=self.add_limit)
+        except _Refusal as refusal:
+            result = refusal
+        except RecursionError:
+            result = _Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
+        except Exception:  # fail closed: a bug or an unexpected input never allows the SQL
+            logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
+            result = _Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
+        if cacheable:
+            self._verdicts.put(text, result, len(text))
+        if isinstance(result, _Refusal):
+            raise result.error(self.rule_id)
+        return result
+
+    def cache_info(self) -> dict[str, int]:
+        """Hits and misses of this policy's verdict cache."""
+        return self._verdicts.info()
+
+    def _evaluate(self, text: str, *, rewrite: bool) -> SqlVerdict:
+        if len(text) > self.max_length:
+            raise _Refusal.of(
+                Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
+            )
+        _raw_text_problems(text)
+        parsed = parsing._parse(self.dialect, text)
+        # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
+        # the comment) run nothing; only real statements count.
+        statements = [
+            s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
+        ]
+        if not statements:
+            raise _Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+        if len(statements) > self.max_statements:
+            raise _Refusal.of(
+                Denial.MULTIPLE,
+                f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
+                str(len(statements)),
+            )
+        kinds: set[str] = set()
+        tables: set[str] = set()
+        columns: set[str] = set()
+        missing_limit = False
+        for statement in statements:
+            result = _StatementCheck(self, parsed, text, statement).run()
+            kinds |= result.kinds
+            tables |= result.tables
+            columns |= result.columns
+            missing_limit = missing_limit or result.missing_limit
+        if missing_limit:
+            if not rewrite or len(statements) != 1:
+                detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
+                raise _Refusal.of(Denial.LIMIT, detail, "no limit")
+            # Append to the checked text (never regenerate it), then check the new text whole.
+            new_text = f"{text[: parsed.last_end + 1]} LIMIT {self.max_limit}"
+            checked = self._evaluate(new_text, rewrite=False)
+            return SqlVerdict(
+                sql=new_text,
+                kinds=checked.kinds,
+                tables=checked.tables,
+                columns=checked.columns,
+                rewritten=True,
+            )
+        return SqlVerdict(
+            sql=text,
+            kinds=tuple(sorted(kinds)),
+            tables=tuple(sorted(tables)),
+            columns=tuple(sorted(columns)),
+        )
+
+    # -- helpers used by the rules ---------------------------------------------------------------
+
+    def canonical(self, table: TableName) -> TableName:
+        return TableName(table.catalog, table.db or self.default_schema or "", table.name)

@@ -1,0 +1,104 @@
+"""Functions are an allow-list, checked by the name the database resolves.
+
+Unknown functions (``pg_sleep``, ``dblink``, ``load_extension``, ...) are ``exp.Anonymous``
+and a deny-list would miss new ones. Names are taken from the source text, so ``to_char`` is
+``to_char`` even though sqlglot models it as ``TimeToStr``; table functions are functions too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from gateway.checks.sql.violations import Denial, _at, _Violation
+
+if TYPE_CHECKING:
+    from gateway.checks.sql.statement import _StatementCheck
+
+# sqlglot classes built from syntax rather than a name followed by '(' (CAST(x AS t), x::t,
+# CASE, EXTRACT(y FROM x), x ~ 'r', a -> 'k', ARRAY[...], EXISTS (...)): they carry no source
+# position, so they are matched by class key.
+_SYNTAX_FUNCTIONS = frozenset(
+    {
+        "case", "if", "cast", "trycast", "extract", "substring", "trim", "strposition", "exists",
+        "array", "currentdate", "currenttime", "currenttimestamp", "localtime", "localtimestamp",
+        "regexplike", "regexpilike", "jsonextract", "jsonextractscalar", "jsonbextract",
+        "jsonbextractscalar", "collate", "overlay",
+        # conversions sqlglot synthesises around arguments (SQLite strftime(f, x) wraps x)
+        "tsordstotimestamp", "tsordstodate", "tsordstotime", "timestrtotime", "strtotime",
+        "unixtotime", "timetostr", "datestrtodate",
+    }
+)  # fmt: skip
+
+# Operators that sqlglot models as functions (exp.And is an exp.Func): checked by class key,
+# whatever the source text, since they are written as symbols or keywords, not names.
+_OPERATOR_BASES = (exp.Binary, exp.Unary, exp.Connector, exp.Predicate)
+_SAFE_OPERATORS = frozenset(
+    {
+        "and", "or", "xor", "pow", "regexplike", "regexpilike", "regexpfullmatch", "collate",
+        "exists", "arraycontains", "arraycontainsall", "arraycontainedby", "arrayoverlaps",
+        "jsonarraycontains", "jsonbcontains", "jsonbcontainsalltopkeys", "jsonbcontainstopkey",
+        "jsonbcontainsanytopkeys", "jsonbpathexists", "jsonbextract", "jsonbextractscalar",
+        "jsonextract", "jsonextractscalar",
+    }
+)  # fmt: skip
+
+
+def function_name(check: _StatementCheck, node: exp.Func) -> tuple[str, bool]:
+    """(name as the database resolves it, whether it came from the source text)."""
+    quoted = False
+    if isinstance(node, _OPERATOR_BASES):
+        return node.key, False
+    if isinstance(node, exp.Anonymous):
+        this = node.this
+        name = this.name if isinstance(this, exp.Identifier) else str(this)
+        quoted = isinstance(this, exp.Identifier) and bool(this.quoted)
+        from_text = True
+    else:
+        start, end = node.meta.get("start"), node.meta.get("end")
+        if isinstance(start, int) and isinstance(end, int):
+            if start in check.parsed.quoted:
+                name, quoted = check.parsed.quoted[start], True
+            else:
+                name = check.text[start : end + 1]
+            from_text = True
+        else:
+            name, from_text = node.key, False
+    if quoted and check.dialect == "postgres":
+        return name, from_text  # a quoted name is exact in PostgreSQL: "LOWER" is not lower
+    return name.lower(), from_text
+
+
+def function_problem(check: _StatementCheck, node: exp.Func) -> _Violation | None:
+    """The function is allowed by the rule, called by its plain name (not schema-qualified)."""
+    name, from_text = function_name(check, node)
+    parent = node.parent
+    if isinstance(parent, exp.Dot) and parent.expression is node:
+        where = check.where(node)
+        qualifier = parent.this.sql(dialect=check.dialect)
+        return _Violation(
+            Denial.FUNCTION,
+            f"the schema-qualified function {qualifier}.{name}(){_at(where)} is not allowed",
+            f"{qualifier}.{name}",
+            **where,
+        )
+    allowed = check.policy.functions
+    if isinstance(node, _OPERATOR_BASES):
+        ok = node.key in _SAFE_OPERATORS
+    elif from_text:
+        ok = name in allowed
+    else:
+        names = {node.key, *(n.lower() for n in type(node).sql_names())}
+        ok = node.key in _SYNTAX_FUNCTIONS or not names.isdisjoint(allowed)
+    if ok:
+        return None
+    where = check.where(node)
+    as_source = isinstance(parent, exp.Table)
+    what = "table function" if as_source else "function"
+    return _Violation(
+        Denial.FUNCTION,
+        f"the {what} {name}(){_at(where)} is not on the rule's list of allowed functions",
+        name,
+        **where,
+    )

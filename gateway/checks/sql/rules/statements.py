@@ -1,0 +1,160 @@
+"""What a statement is, and what it contains: statement kinds, commands, INTO, locks, variables.
+
+Statements sqlglot does not model (``SET ROLE``, ``DO $$..$$``, ``CALL``, ``VACUUM``,
+``LOCK TABLE``, ``EXPLAIN ANALYZE ...``) parse to an opaque ``exp.Command``: exactly the
+allowed statement classes are accepted at the root, nothing else. Data-modifying statements
+hide in CTEs (``WITH x AS (DELETE ...)``), so every node is looked at, not just the root.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from gateway.checks.sql.options import SqlFamily, SqlKind
+from gateway.checks.sql.violations import Denial, _at, _Refusal, _Violation
+
+if TYPE_CHECKING:
+    from gateway.checks.sql.statement import _StatementCheck
+
+# Statement classes that may be allowed, by kind. exp.Insert is also a DDL subclass in sqlglot.
+_KIND_OF: dict[type[exp.Expr], SqlKind] = {
+    exp.Insert: SqlKind.INSERT,
+    exp.Update: SqlKind.UPDATE,
+    exp.Delete: SqlKind.DELETE,
+    exp.Merge: SqlKind.MERGE,
+    exp.Create: SqlKind.CREATE,
+    exp.Drop: SqlKind.DROP,
+    exp.Alter: SqlKind.ALTER,
+    exp.TruncateTable: SqlKind.TRUNCATE,
+}
+_QUERY_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery)
+
+# Utility statements that are never allowed, wherever they appear. Looked up by name so a
+# class missing from another sqlglot version is simply skipped; anything else that is a DDL or
+# DML subclass without a kind (exp.Copy is a DML) is caught by the isinstance test below.
+_UTILITY_NAMES = (
+    "Command", "Set", "Pragma", "Copy", "Grant", "Revoke", "Analyze", "Use", "Transaction",
+    "Commit", "Rollback", "Attach", "Detach", "Kill", "Refresh", "Cache", "Uncache", "LoadData",
+    "Summarize", "Describe", "Show", "Comment", "Install", "Execute", "Declare", "Export",
+    "Semicolon",
+)  # fmt: skip
+_UTILITY: tuple[type[exp.Expr], ...] = tuple(
+    c for c in (getattr(exp, n, None) for n in _UTILITY_NAMES) if isinstance(c, type)
+)
+
+# Node classes ``inspect_problem`` has something to say about (the driver asks only for these).
+_INSPECTED: tuple[type[exp.Expr], ...] = (
+    *_UTILITY,
+    *_KIND_OF,
+    exp.DDL,
+    exp.DML,
+    exp.Into,
+    exp.Lock,
+    exp.SessionParameter,
+    exp.PropertyEQ,
+)
+
+
+def check_root(check: _StatementCheck) -> None:
+    """The statement itself is one of the allowed kinds (a query is a SELECT)."""
+    root = check.root
+    if isinstance(root, exp.Command):
+        name = str(root.this or "command").upper()
+        raise _Refusal.of(
+            Denial.COMMAND,
+            f"{name} is a statement the gateway cannot inspect (sqlglot keeps its body "
+            "opaque); it is never allowed",
+            name.lower(),
+        )
+    if isinstance(root, _UTILITY):
+        raise _Refusal.of(
+            Denial.COMMAND,
+            f"a {root.key.upper()} statement is never allowed through this rule",
+            root.key,
+        )
+    if isinstance(root, _QUERY_ROOTS):
+        if isinstance(root, exp.Subquery) and not isinstance(root.unnest(), exp.Query):
+            raise _Refusal.of(Denial.STATEMENT, "the SQL is not a statement", root.key)
+        kind = SqlKind.SELECT
+    else:
+        found = _KIND_OF.get(type(root))
+        if found is None:
+            raise _Refusal.of(
+                Denial.STATEMENT,
+                f"the SQL is not a statement the rule can allow (it parses as "
+                f"{type(root).__name__}); check the spelling of the keywords",
+                root.key,
+            )
+        kind = found
+    check.kinds.add(kind.value)
+    if kind not in check.policy.statements:
+        raise _Refusal.of(
+            Denial.STATEMENT,
+            f"{kind.value.upper()} statements are not allowed by the rule "
+            f"(allowed: {', '.join(sorted(check.policy.statements))})",
+            kind.value,
+        )
+
+
+def inspect_problem(check: _StatementCheck, node: exp.Expr) -> _Violation | None:
+    """A node below the root that is a statement, INTO, a locking clause or a variable."""
+    allow = check.policy.allow
+    if isinstance(node, _UTILITY):  # exp.Command is one of them
+        where = check.where(node)
+        return _Violation(
+            Denial.COMMAND,
+            f"a {node.key.upper()} statement inside the SQL{_at(where)} is never allowed",
+            node.key,
+            **where,
+        )
+    kind = _KIND_OF.get(type(node))
+    if kind is not None:
+        check.kinds.add(kind.value)
+        if kind in check.policy.statements:
+            return None
+        where = check.where(node)
+        return _Violation(
+            Denial.STATEMENT,
+            f"a {kind.value.upper()} nested inside the statement (in a CTE or a "
+            f"subquery){_at(where)} is not allowed by the rule",
+            kind.value,
+            **where,
+        )
+    if isinstance(node, exp.DDL | exp.DML):
+        where = check.where(node)
+        return _Violation(
+            Denial.COMMAND,
+            f"a {node.key.upper()} inside the SQL{_at(where)} is never allowed",
+            node.key,
+            **where,
+        )
+    if isinstance(node, exp.Into) and SqlFamily.INTO not in allow:
+        where = check.where(node.this)
+        return _Violation(
+            Denial.INTO,
+            f"SELECT ... INTO{_at(where)} writes a table or variables; it is not allowed "
+            "(allow: [into] opts in)",
+            "into",
+            **where,
+        )
+    if isinstance(node, exp.Lock) and SqlFamily.LOCKING not in allow:
+        return _Violation(
+            Denial.LOCK,
+            "a locking clause (FOR UPDATE / FOR SHARE / LOCK IN SHARE MODE) is not allowed "
+            "(allow: [locking] opts in)",
+            "lock",
+        )
+    if SqlFamily.VARIABLES not in allow and (
+        isinstance(node, exp.SessionParameter)
+        or (isinstance(node, exp.PropertyEQ) and isinstance(node.this, exp.Parameter))
+    ):
+        where = check.where(node.this)
+        return _Violation(
+            Denial.VARIABLE,
+            f"a server or session variable{_at(where)} is not allowed (allow: [variables] opts in)",
+            node.sql(dialect=check.dialect)[:80],
+            **where,
+        )
+    return None

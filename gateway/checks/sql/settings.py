@@ -1,0 +1,228 @@
+"""The settings of a ``sql:`` policy, and the one place that decides whether they are valid.
+
+``SqlSettings`` holds the values as given (from Python, or as read from a policy file);
+``resolve`` checks all of them in one pass and either returns the normalised values a
+``SqlPolicy`` is built from or raises ``SqlSettingsError`` listing every problem. Each
+``SettingProblem`` names its key and, for a list or a mapping, the item at fault, so the policy
+file reader can point at that item's FILE:LINE:COL; ``str(problem)`` names them for a caller
+of ``SqlPolicy.create``.
+
+Types are the reader's business (a YAML value that is not a list, a string or an integer is
+reported where it is read); the values themselves are judged here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
+from gateway.checks.sql.names import (
+    TableName,
+    _is_catalog,
+    column_key,
+    parse_column_name,
+    parse_function_name,
+    parse_identifier,
+    parse_table_name,
+)
+from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, SqlKind
+
+_KINDS = tuple(k.value for k in SqlKind)
+_FAMILIES = tuple(f.value for f in SqlFamily)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingProblem:
+    """One invalid setting: its key, the item at fault (a list index or a schema table), why."""
+
+    key: str
+    item: int | str | None
+    message: str
+
+    def __str__(self) -> str:
+        if self.item is None:
+            return f"{self.key}: {self.message}"
+        if isinstance(self.item, int):
+            return f"{self.key}[{self.item}]: {self.message}"
+        return f"{self.key}.{self.item}: {self.message}"
+
+
+class SqlSettingsError(ValueError):
+    """Invalid settings; ``str()`` names the first problem, ``problems`` lists them all."""
+
+    def __init__(
+        self, problems: Sequence[SettingProblem], unread: frozenset[str] = frozenset()
+    ) -> None:
+        self.problems = tuple(problems)
+        self.unread = unread
+        if self.problems:
+            message = str(self.problems[0])
+        else:
+            message = f"settings that could not be read: {', '.join(sorted(unread))}"
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class SqlSettings:
+    """The settings of one ``sql:`` policy as given, before they are checked."""
+
+    dialect: str
+    tables: Sequence[str]
+    statements: Sequence[str] = ("select",)
+    max_statements: int = 1
+    default_schema: str | None = None
+    schema: Mapping[str, Sequence[str]] | None = None
+    deny_columns: Sequence[str] = ()
+    functions: Sequence[str] = ()
+    max_limit: int | None = None
+    add_limit: bool = False
+    allow: Sequence[str] = ()
+    max_length: int = MAX_SQL_LENGTH
+    unread: frozenset[str] = frozenset()
+    """Keys a reader could not read in full (and has said why): their own checks are skipped,
+    and settings with any such key are never valid."""
+
+    def resolve(self) -> dict[str, Any]:
+        """The fields of a ``SqlPolicy`` (but ``rule_id``); raise ``SqlSettingsError``."""
+        problems: list[SettingProblem] = []
+        unread = self.unread
+
+        def problem(key: str, message: str, item: int | str | None = None) -> None:
+            problems.append(SettingProblem(key, item, message))
+
+        def in_range(key: str, value: int, minimum: int, maximum: int) -> None:
+            if value < minimum:
+                problem(key, f"must be at least {minimum}, got {value}")
+            elif value > maximum:
+                problem(key, f"must be at most {maximum}, got {value}")
+
+        dialect: str | None = None
+        if "dialect" not in unread:
+            if isinstance(self.dialect, str) and self.dialect in DIALECTS:
+                dialect = self.dialect
+            else:
+                problem("dialect", f"expected one of {list(DIALECTS)}, got {self.dialect!r}")
+
+        kinds: set[SqlKind] = set()
+        for i, kind in enumerate(self.statements):
+            if kind in _KINDS:
+                kinds.add(SqlKind(kind))
+            else:
+                problem("statements", f"expected one of {list(_KINDS)}, got {kind!r}", i)
+        if not self.statements and "statements" not in unread:
+            # The wording the policy file reader has always used for an empty list.
+            problem("statements", "expected at least one a statement kind")
+        if "max_statements" not in unread:
+            in_range("max_statements", self.max_statements, 1, MAX_STATEMENTS)
+
+        families: set[SqlFamily] = set()
+        for i, family in enumerate(self.allow):
+            if family in ("dml", "ddl"):
+                problem(
+                    "allow",
+                    f"{family!r} is allowed by listing statement kinds in 'statements' "
+                    "(insert, update, delete, merge / create, drop, alter, truncate)",
+                    i,
+                )
+            elif family in _FAMILIES:
+                families.add(SqlFamily(family))
+            else:
+                problem("allow", f"expected one of {list(_FAMILIES)}, got {family!r}", i)
+
+        default: str | None = None
+        if dialect is not None and self.default_schema is not None:
+            try:
+                default = parse_identifier(self.default_schema, dialect)
+            except ValueError as exc:
+                problem("default_schema", str(exc))
+
+        def canon(t: TableName) -> TableName:
+            return TableName(t.catalog, t.db or default or "", t.name)
+
+        named: list[tuple[int, str, TableName]] = []
+        if dialect is not None:
+            for i, text in enumerate(self.tables):
+                try:
+                    named.append((i, text, canon(parse_table_name(text, dialect))))
+                except ValueError as exc:
+                    problem("tables", str(exc), i)
+        if not self.tables and "tables" not in unread:
+            problem("tables", "expected at least one a table name")
+        allowed: set[TableName] = set()
+        for i, text, table in named:
+            assert dialect is not None
+            if _is_catalog(table, dialect) and SqlFamily.SYSTEM_CATALOGS not in families:
+                problem(
+                    "tables",
+                    f"{text!r} is a system catalog; add system_catalogs to 'allow' to let the "
+                    "rule read catalogs",
+                    i,
+                )
+            else:
+                allowed.add(table)
+
+        columns: dict[TableName, frozenset[str]] = {}
+        if dialect is not None and self.schema is not None and "schema" not in unread:
+            for name, listed in self.schema.items():
+                try:
+                    table = canon(parse_table_name(name, dialect))
+                    columns[table] = frozenset(
+                        column_key(parse_identifier(c, dialect), dialect) for c in listed
+                    )
+                except ValueError as exc:
+                    problem("schema", str(exc), name)
+
+        denied: dict[TableName, set[str]] = {}
+        if dialect is not None:
+            for i, text in enumerate(self.deny_columns):
+                try:
+                    table, column = parse_column_name(text, dialect)
+                except ValueError as exc:
+                    problem("deny_columns", str(exc), i)
+                    continue
+                known = columns.get(canon(table))
+                if canon(table) not in allowed:
+                    problem("deny_columns", f"{text!r} names a table that is not in 'tables'", i)
+                elif known is not None and column_key(column, dialect) not in known:
+                    problem(
+                        "deny_columns",
+                        f"the schema of {str(table)!r} has no column {column!r}",
+                        i,
+                    )
+                else:
+                    denied.setdefault(canon(table), set()).add(column_key(column, dialect))
+
+        if self.max_limit is not None and "max_limit" not in unread:
+            in_range("max_limit", self.max_limit, 1, MAX_LIMIT)
+        if self.add_limit and self.max_limit is None and "max_limit" not in unread:
+            problem("add_limit", "add_limit needs max_limit")
+        if "max_length" not in unread:
+            in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
+
+        functions: set[str] = set()
+        for i, name in enumerate(self.functions):
+            try:
+                functions.add(parse_function_name(name))
+            except ValueError as exc:
+                problem("functions", str(exc), i)
+
+        if problems or unread:
+            raise SqlSettingsError(problems, unread)
+        return {
+            "dialect": dialect,
+            "tables": frozenset(allowed),
+            "statements": frozenset(kinds),
+            "max_statements": self.max_statements,
+            "default_schema": default,
+            "schema": MappingProxyType(columns),
+            "deny_columns": MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
+            "denied_names": frozenset(c for cols in denied.values() for c in cols),
+            "functions": DEFAULT_FUNCTIONS | functions,
+            "max_limit": self.max_limit,
+            "add_limit": self.add_limit,
+            "allow": frozenset(families),
+            "max_length": self.max_length,
+        }

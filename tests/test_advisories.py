@@ -361,3 +361,26 @@ async def test_mcp_batch_cannot_smuggle_unchecked_tool_calls(
     assert all(a["error"]["data"]["reason"] in ("tool_denied", "sql_denied") for a in answers)
     assert dict(mocks.stats("mcp")["tool_calls"]) == before
     assert not [r for r in mocks.requests("mcp") if "ssn" in r.get("body", "")]
+
+
+async def test_mcp_batch_counts_every_message_against_rate_limits(
+    client: Any, token: Any, mocks: Mocks
+) -> None:
+    """CG-2026-02 (limits): a batch was counted once, so 60 tool calls ran on a 2/hour rule.
+    Each message of a batch now spends its own unit; the batch that would exceed the rate is
+    refused whole and nothing of it reaches the server."""
+    headers = await _mcp_session(client, token("mcp-bot", ["mcp-rated"]))
+    before = dict(mocks.stats("mcp")["tool_calls"])
+    resp = await client.post(
+        "/tools/mcp",
+        headers=headers,
+        json=[_rpc(i, "get_order", {"order_id": 1}) for i in (1, 2, 3)],
+    )
+    answers = await _answers(resp)
+    assert {a["error"]["data"]["reason"] for a in answers} == {"rate_limited"}
+    assert dict(mocks.stats("mcp")["tool_calls"]) == before
+    resp = await client.post(
+        "/tools/mcp", headers=headers, json=_rpc(4, "get_order", {"order_id": 1})
+    )
+    assert (await _answers(resp))["error"]["data"]["reason"] == "rate_limited"
+    assert dict(mocks.stats("mcp")["tool_calls"]) == before

@@ -93,9 +93,8 @@ def _message(value: Any, index: int) -> McpMessage:
         tool = params.get("name")
         if not isinstance(tool, str) or not tool:
             raise BodyInvalid(f"{where}: tools/call needs 'params.name' as a string")
-        if "arguments" not in params:
-            params["arguments"] = {}  # forwarded as checked: explicitly empty
-        arguments = params["arguments"]
+        # Absent arguments are checked as {} (what servers read); the bytes stay as sent.
+        arguments = params.get("arguments", {})
         if not isinstance(arguments, dict):
             raise BodyInvalid(f"{where}: tools/call 'params.arguments' must be an object")
     return McpMessage(msg_id, method, tool, arguments, "id" in value)

@@ -1,0 +1,83 @@
+"""audit: one closed record per ended call, told to every observer; one failing observer
+neither changes the answer nor keeps the others from being told."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from gateway.audit_record import AuditRecord, BodyMac
+from gateway.call import Call
+from gateway.errors import GatewayError
+from gateway.policy.model import Policy
+from gateway.protocols import PROTOCOLS
+from gateway.stages.audit import Audit, audit_record
+from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.receive import Receive
+from gateway.stages.validate import Validate
+from gateway.testing import CollectingObserver, FixedPolicy, make_call
+
+SECRET = "hunter2-do-not-write"
+
+
+async def checked(policy: Policy, call: Call) -> Call:
+    try:
+        for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate()):
+            await stage(call)
+    except GatewayError as exc:
+        call.error = exc
+    return call
+
+
+class Broken:
+    def call_ended(self, call: Call, record: AuditRecord) -> None:
+        raise OSError("disk full")
+
+
+async def test_every_observer_is_told_even_after_one_fails(
+    policy: Policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    call = await checked(
+        policy,
+        make_call(
+            "POST",
+            "/db/query",
+            headers={"X-Leak": SECRET},
+            body=json.dumps({"sql": f"SELECT id FROM orders WHERE s = '{SECRET}'"}).encode(),
+            roles=["analyst"],
+        ),
+    )
+    first, last = CollectingObserver(), CollectingObserver()
+    Audit(BodyMac(b"k" * 32), [first, Broken(), last])(call)
+    assert len(first.records) == len(last.records) == 1
+    assert "Broken failed" in caplog.text
+    [record] = last.records
+    assert record is first.records[0]
+    text = json.dumps(record.as_json())
+    assert SECRET not in text and "SELECT" not in text
+    assert record.sql_tables == ("orders",) and record.request_body is not None
+
+
+async def test_the_record_is_a_closed_set_of_fields(policy: Policy) -> None:
+    call = await checked(policy, make_call("GET", f"/svc/status?verbose={SECRET}", roles=["ops"]))
+    record = audit_record(call, BodyMac(None))
+    assert record.query == ("verbose",) and SECRET not in json.dumps(record.as_json())
+    fields = {f.name for f in dataclasses.fields(record)}
+    assert fields == {
+        "time", "request_id", "agent", "jti", "run", "upstream", "method", "path", "query",
+        "rule", "decision", "reason", "status", "duration_ms", "request_body", "response_body",
+        "sql_kinds", "sql_tables", "tools", "approval", "state_error_allowed",
+    }  # fmt: skip
+    assert (record.rule, record.decision, record.reason) == ("status", "deny", "query_invalid")
+
+
+def test_agent_controlled_names_are_kept_only_when_plain() -> None:
+    mac = BodyMac(b"k" * 32)
+    assert mac.label("get_order") == "get_order"
+    odd = mac.label("name with spaces and a 's3cret'")
+    assert odd.startswith("~") and "s3cret" not in odd and len(odd) == 17
+    assert mac.label("x" * 500).startswith("~")
+    # Keyed: without the key, the digest of a guessed name cannot be recomputed.
+    assert BodyMac(b"j" * 32).label("a b") != mac.label("a b")

@@ -1,0 +1,65 @@
+"""inject: an allow-list of headers, the protocol's own, and the credential, added last."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gateway.call import Call
+from gateway.credentials import CredentialStore
+from gateway.policy.model import Policy
+from gateway.protocols import PROTOCOLS
+from gateway.stages.inject import Inject
+from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.receive import Receive
+from gateway.testing import FixedPolicy, make_call
+
+
+async def injected(policy: Policy, call: Call) -> Call:
+    store = CredentialStore(environ={"SVC_TOKEN": "svc-secret-0123456789"}, base_dir=Path("."))
+    for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Inject(store)):
+        await stage(call)
+    return call
+
+
+async def test_only_allowed_headers_and_the_credential_go_upstream(policy: Policy) -> None:
+    call = make_call(
+        "POST",
+        "/svc/restart",
+        body=b'{"service":"web"}',
+        roles=["ops"],
+        headers=[
+            ("X-Env", "prod"),
+            ("Authorization", "Bearer agent-token"),
+            ("Cookie", "c=1"),
+            ("X-Forwarded-For", "1.2.3.4"),
+            ("X-Unlisted", "1"),
+            ("Mcp-Session-Id", "s1"),
+            ("Accept", "application/json"),
+        ],
+    )
+    out = (await injected(policy, call)).outbound_headers
+    assert out is not None
+    assert out["Authorization"] == "Bearer svc-secret-0123456789"
+    assert out["X-Env"] == "prod" and out["Accept"] == "application/json"
+    for name in ("Cookie", "X-Forwarded-For", "X-Unlisted", "Mcp-Session-Id"):
+        assert name not in out  # MCP headers go to MCP upstreams only
+    assert out["X-Request-Id"] == call.request_id
+
+
+async def test_mcp_upstreams_get_the_session_headers(policy: Policy) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+    call = make_call(
+        "POST",
+        "/tools/mcp",
+        body=body,
+        roles=["support"],
+        headers=[
+            ("Mcp-Session-Id", "s1"),
+            ("Connection", "Mcp-Protocol-Version"),
+            ("Mcp-Protocol-Version", "x"),
+        ],
+    )
+    out = (await injected(policy, call)).outbound_headers
+    assert out is not None and out["Mcp-Session-Id"] == "s1"
+    assert "Mcp-Protocol-Version" not in out  # named in Connection: hop-by-hop

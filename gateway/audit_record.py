@@ -36,22 +36,26 @@ _SAFE_LABEL = re.compile(rf"[A-Za-z0-9_.:/@+-]{{1,{MAX_LABEL}}}")
 class BodyMac:
     """Keyed digests of bodies and labels under the audit key (or sizes only, with no key)."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "_keyed")
 
     def __init__(self, key: bytes | None) -> None:
         self._key = key
+        # Keyed once; each digest starts from a copy (cheaper than keying again per call).
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256) if key is not None else None
 
     @property
     def keyed(self) -> bool:
         return self._key is not None
 
     def of(self, data: bytes) -> BodyDigest:
-        if self._key is None:
+        if self._keyed is None:
             return BodyDigest(len(data), None)
-        return BodyDigest(len(data), hmac.digest(self._key, data, "sha256").hex())
+        mac = self._keyed.copy()
+        mac.update(data)
+        return BodyDigest(len(data), mac.hexdigest())
 
     def stream(self) -> BodyHasher:
-        return BodyHasher(hmac.new(self._key, digestmod=hashlib.sha256) if self._key else None)
+        return BodyHasher(self._keyed.copy() if self._keyed is not None else None)
 
     def label(self, text: str) -> str:
         """``text`` itself when it is a short safe name; otherwise ``~`` and a keyed digest."""
@@ -93,7 +97,7 @@ class BodyDigest:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # slots: no field can be added; not frozen: built once per call, fast
 class AuditRecord:
     """What one call did and what was decided, in fields that can never hold a payload."""
 

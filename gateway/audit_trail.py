@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.errors import ConfigError
 from gateway.secret_files import check_secret_file
 
@@ -64,9 +66,6 @@ def load_audit_key(path: Path) -> bytes:
     if len(key) < 16:
         raise ConfigError(f"audit key {str(path)!r} is shorter than 16 bytes")
     return key
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 def _last_line(path: Path) -> bytes | None:
@@ -118,9 +117,9 @@ class AuditTrail:
         if self._fh is None:
             return
         record["prev"] = self._prev
-        line = _ENCODER.encode(record).encode()
-        self._prev = hashlib.sha256(line).hexdigest()
-        self._fh.write(line + b"\n")
+        line = orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        self._prev = hashlib.sha256(memoryview(line)[:-1]).hexdigest()
+        self._fh.write(line)
         self.lines_written += 1
 
     def flush(self) -> None:

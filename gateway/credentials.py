@@ -33,6 +33,7 @@ from gateway.tokens import AGENT_ID, PrivateKey, mint_upstream_jwt
 ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
 FILE_RECHECK_SECONDS = 5.0
 MAX_SECRET_BYTES = 16 * 1024
+MAX_CACHED_INJECTIONS = 4096  # (upstream, credential, agent) entries kept for env: secrets
 
 
 class Secret:
@@ -93,6 +94,7 @@ class CredentialStore:
         self.clock = clock
         self._files: dict[Path, tuple[float, Secret]] = {}
         self._jwts: dict[tuple[str, str], tuple[float, Secret]] = {}
+        self._env_injections: dict[tuple[str, Credentials, str], Injection] = {}
 
     # -- start-up checks ----------------------------------------------------------------------
 
@@ -205,10 +207,24 @@ class CredentialStore:
         if creds.type == "none":
             return None
         if creds.type == "agent-jwt":
-            value = self._agent_jwt(creds, upstream, agent)
-        else:
-            assert creds.secret is not None
-            value = self._resolve_ref(creds.secret, agent, upstream)
+            return self._injection(upstream, creds, self._agent_jwt(creds, upstream, agent))
+        assert creds.secret is not None
+        if creds.secret.startswith("env:"):
+            # The environment was read once at start: the same agent gets the same header.
+            key = (upstream, creds, agent)
+            found = self._env_injections.get(key)
+            if found is None:
+                found = self._injection(
+                    upstream, creds, self._resolve_ref(creds.secret, agent, upstream)
+                )
+                if len(self._env_injections) >= MAX_CACHED_INJECTIONS:
+                    self._env_injections.clear()
+                self._env_injections[key] = found
+            return found
+        return self._injection(upstream, creds, self._resolve_ref(creds.secret, agent, upstream))
+
+    @staticmethod
+    def _injection(upstream: str, creds: Credentials, value: Secret) -> Injection:
         return Injection(
             header=creds.header,
             value=Secret(creds.prefix + value.reveal()) if creds.prefix else value,

@@ -13,8 +13,11 @@ from collections.abc import Sequence
 
 from gateway.audit_record import MAX_PATH, AuditRecord, BodyMac, names, timestamp
 from gateway.call import Call, CallObserver
+from gateway.policy.model import METHODS
 
 log = logging.getLogger("capgate")
+# Methods written as they are; any other (agent-chosen) method token goes through the label.
+STANDARD_METHODS = frozenset(METHODS) | {"CONNECT", "TRACE"}
 
 
 def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
@@ -22,16 +25,19 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     claims = call.claims
     target = call.target
     err = call.error
+    query: tuple[str, ...] = ()
     if target is not None:
         path = "/" + target.upstream + target.rest
-        query = names(mac, (name for name, _ in target.query_pairs))
+        if target.query_pairs:
+            query = names(mac, [name for name, _ in target.query_pairs])
     else:
         path = call.raw_target.partition("?")[0]
-        query = ()
     request_body = call.request_digest
     if request_body is None and call.body is not None:
         request_body = mac.of(call.body)
     findings = call.findings
+    tools = call.tools if call.operations else ()
+    method = call.method
     return AuditRecord(
         time=timestamp(call.wall_started),
         request_id=call.request_id,
@@ -39,7 +45,7 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         jti=claims.jti if claims else None,
         run=claims.run if claims else None,
         upstream=target.upstream if target else None,
-        method=mac.label(call.method),
+        method=method if method in STANDARD_METHODS else mac.label(method),
         path=path[:MAX_PATH],
         query=query,
         rule=call.rule_id,
@@ -49,9 +55,9 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         duration_ms=round((time.monotonic() - call.started) * 1000, 3),
         request_body=request_body,
         response_body=call.response_digest,
-        sql_kinds=names(mac, sorted(findings.sql_kinds)),
-        sql_tables=names(mac, sorted(findings.sql_tables)),
-        tools=names(mac, call.tools),
+        sql_kinds=names(mac, sorted(findings.sql_kinds)) if findings.sql_kinds else (),
+        sql_tables=names(mac, sorted(findings.sql_tables)) if findings.sql_tables else (),
+        tools=names(mac, tools) if tools else (),
         approval=call.approval,
         state_error_allowed=call.state_error_allowed,
     )

@@ -9,6 +9,8 @@ every check has passed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from multidict import CIMultiDict
 
 from gateway.call import Call
@@ -38,19 +40,20 @@ class Inject:
     async def __call__(self, call: Call) -> None:
         assert call.upstream is not None and call.claims is not None
         assert call.protocol is not None
-        named: set[str] = set()
-        for op in call.operations:
-            if op.match is not None:
-                named.update(op.match.rule.headers)
-        dropped = connection_named(call.headers)
-        protocol = call.protocol
+        ops = call.operations
+        named: Collection[str]
+        if len(ops) == 1 and ops[0].match is not None:
+            named = ops[0].match.rule.headers.keys()
+        else:
+            named = {h for op in ops if op.match is not None for h in op.match.rule.headers}
+        dropped = connection_named(call.headers) if "Connection" in call.headers else ()
+        forwards = call.protocol.forwards_header
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in call.headers.items():
             low = name.lower()
-            if low in dropped or low in HOP_BY_HOP:
-                continue
-            if low in FORWARDED_REQUEST_HEADERS or low in named or protocol.forwards_header(low):
-                out.add(name, value)
+            if low in FORWARDED_REQUEST_HEADERS or low in named or forwards(low):
+                if low not in dropped and low not in HOP_BY_HOP:
+                    out.add(name, value)
         out["Accept-Encoding"] = "identity"
         out["X-Request-Id"] = call.request_id
         injection = self.credentials.injection(

@@ -42,12 +42,14 @@ class MatchPolicy:
         call.protocol = protocol
         call.operations = await protocol.inspect(call)
         claims = call.claims
+        primary = None
         for op in call.operations:
             op.match = policy.match(
                 claims.roles, claims.caps, call.target, op.method, call.headers, tool=op.tool
             )
-        primary = next((op for op in call.operations if op.governed), call.operations[0])
-        call.match = primary.match
+            if primary is None and op.governed:
+                primary = op
+        call.match = (primary or call.operations[0]).match
         if call.state_error is not None:
             if any(
                 op.match is not None and op.match.rule.on_state_error != "allow"

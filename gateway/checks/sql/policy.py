@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from gateway.checks.sql import parsing
-from gateway.checks.sql.cache import _Lru
-from gateway.checks.sql.lexing import _raw_text_problems
+from gateway.checks.sql.cache import Lru
+from gateway.checks.sql.lexing import raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     MAX_SQL_LENGTH,
@@ -29,7 +29,7 @@ from gateway.checks.sql.names import TableName
 from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
 from gateway.checks.sql.settings import SqlSettings
 from gateway.checks.sql.statement import _StatementCheck
-from gateway.checks.sql.violations import Denial, _Refusal
+from gateway.checks.sql.violations import Denial, Refusal
 from gateway.errors import SqlDenied
 
 logger = logging.getLogger("capgate.checks.sql")
@@ -67,8 +67,8 @@ class SqlPolicy:
     allow: frozenset[SqlFamily] = frozenset()
     max_length: int = MAX_SQL_LENGTH
     rule_id: str | None = None
-    _verdicts: _Lru[str, SqlVerdict | _Refusal] = field(
-        default_factory=lambda: _Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
+    _verdicts: Lru[str, SqlVerdict | Refusal] = field(
+        default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
 
     # -- construction ---------------------------------------------------------------------------
@@ -124,22 +124,22 @@ class SqlPolicy:
         if cacheable:
             hit = self._verdicts.get(text)
             if hit is not None:
-                if isinstance(hit, _Refusal):
+                if isinstance(hit, Refusal):
                     raise hit.error(self.rule_id)
                 return hit
-        result: SqlVerdict | _Refusal
+        result: SqlVerdict | Refusal
         try:
             result = self._evaluate(text, rewrite=self.add_limit)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             result = refusal
         except RecursionError:
-            result = _Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
+            result = Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
         except Exception:  # fail closed: a bug or an unexpected input never allows the SQL
             logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
-            result = _Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
+            result = Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
         if cacheable:
             self._verdicts.put(text, result, len(text))
-        if isinstance(result, _Refusal):
+        if isinstance(result, Refusal):
             raise result.error(self.rule_id)
         return result
 
@@ -149,20 +149,20 @@ class SqlPolicy:
 
     def _evaluate(self, text: str, *, rewrite: bool) -> SqlVerdict:
         if len(text) > self.max_length:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
-        _raw_text_problems(text)
-        parsed = parsing._parse(self.dialect, text)
+        raw_text_problems(text)
+        parsed = parsing.parse(self.dialect, text)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
         statements = [
             s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
         ]
         if not statements:
-            raise _Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+            raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
         if len(statements) > self.max_statements:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.MULTIPLE,
                 f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
                 str(len(statements)),
@@ -180,7 +180,7 @@ class SqlPolicy:
         if missing_limit:
             if not rewrite or len(statements) != 1:
                 detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
-                raise _Refusal.of(Denial.LIMIT, detail, "no limit")
+                raise Refusal.of(Denial.LIMIT, detail, "no limit")
             # Append to the checked text (never regenerate it), then check the new text whole.
             new_text = f"{text[: parsed.last_end + 1]} LIMIT {self.max_limit}"
             checked = self._evaluate(new_text, rewrite=False)

@@ -21,8 +21,8 @@ from typing import Any
 from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
 from gateway.checks.sql.names import (
     TableName,
-    _is_catalog,
     column_key,
+    is_catalog,
     parse_column_name,
     parse_function_name,
     parse_identifier,
@@ -154,7 +154,7 @@ class SqlSettings:
         allowed: set[TableName] = set()
         for i, text, table in named:
             assert dialect is not None
-            if _is_catalog(table, dialect) and SqlFamily.SYSTEM_CATALOGS not in families:
+            if is_catalog(table, dialect) and SqlFamily.SYSTEM_CATALOGS not in families:
                 problem(
                     "tables",
                     f"{text!r} is a system catalog; add system_catalogs to 'allow' to let the "

@@ -6,7 +6,7 @@
 3. ``rules.tables``, then ``rules.columns`` over sqlglot's scopes;
 4. ``rules.limit``.
 
-Each stage raises its violations together (``_Refusal``), so a denial lists every problem of
+Each stage raises its violations together (``Refusal``), so a denial lists every problem of
 the first stage that found one.
 """
 
@@ -22,10 +22,10 @@ from sqlglot.optimizer.scope import traverse_scope
 
 from gateway.checks.sql.limits import MAX_TREE_DEPTH
 from gateway.checks.sql.rules import columns, functions, limit, statements, tables
-from gateway.checks.sql.violations import Denial, _raise, _Refusal, _Violation, _where
+from gateway.checks.sql.violations import Denial, Refusal, Violation, locate, refuse_if_any
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.parsing import _Parsed
+    from gateway.checks.sql.parsing import Parsed
     from gateway.checks.sql.policy import SqlPolicy
 
 
@@ -48,7 +48,7 @@ class _Category(StrEnum):
 def _categorize(cls: type[exp.Expr]) -> _Category:
     if issubclass(cls, exp.Func):
         return _Category.FUNCTION
-    if issubclass(cls, statements._INSPECTED):
+    if issubclass(cls, statements.INSPECTED):
         return _Category.INSPECT
     return _Category.OTHER
 
@@ -59,7 +59,7 @@ _NODE_CATEGORY: dict[type[exp.Expr], _Category] = {}
 class _StatementCheck:
     """One statement being checked: what the rules read, and what they found (the verdict)."""
 
-    def __init__(self, policy: SqlPolicy, parsed: _Parsed, text: str, root: exp.Expr) -> None:
+    def __init__(self, policy: SqlPolicy, parsed: Parsed, text: str, root: exp.Expr) -> None:
         self.policy = policy
         self.parsed = parsed
         self.text = text
@@ -70,7 +70,7 @@ class _StatementCheck:
         self.columns: set[str] = set()
 
     def where(self, node: exp.Expr | None) -> dict[str, Any]:
-        return _where(self.text, node)
+        return locate(self.text, node)
 
     def run(self) -> _StatementResult:
         statements.check_root(self)
@@ -79,7 +79,7 @@ class _StatementCheck:
         try:
             scopes = traverse_scope(tree)
         except SqlglotError:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.UNCHECKED, "the SQL's sources could not be resolved", "scope"
             ) from None
         real = tables.check_tables(self, tree)
@@ -89,12 +89,12 @@ class _StatementCheck:
 
     def _check_nodes(self) -> None:
         """One walk over every node: nested statements, INTO, locks, variables, functions."""
-        violations: list[_Violation] = []
+        violations: list[Violation] = []
         stack: list[tuple[exp.Expr, int]] = [(self.root, 0)]
         while stack:
             node, depth = stack.pop()
             if depth > MAX_TREE_DEPTH:
-                raise _Refusal.of(
+                raise Refusal.of(
                     Denial.DEPTH,
                     f"the SQL's syntax tree is deeper than {MAX_TREE_DEPTH} levels",
                     "depth",
@@ -109,9 +109,9 @@ class _StatementCheck:
                 problem = self._node_problem(node)
                 if problem is not None:
                     violations.append(problem)
-        _raise(violations)
+        refuse_if_any(violations)
 
-    def _node_problem(self, node: exp.Expr) -> _Violation | None:
+    def _node_problem(self, node: exp.Expr) -> Violation | None:
         category = _NODE_CATEGORY.get(type(node))
         if category is None:
             category = _NODE_CATEGORY.setdefault(type(node), _categorize(type(node)))

@@ -19,7 +19,7 @@ from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, walk_in_scope
 
 from gateway.checks.sql.names import TableName, column_key
-from gateway.checks.sql.violations import Denial, _at, _raise, _Violation
+from gateway.checks.sql.violations import Denial, Violation, at, refuse_if_any
 
 if TYPE_CHECKING:
     from gateway.checks.sql.statement import _StatementCheck
@@ -39,14 +39,14 @@ def check_columns(
                 owner.setdefault(id(node), scope)
     # Sources seen by nodes outside any scope (the body of an INSERT/UPDATE/DELETE).
     top: dict[str, exp.Table | Scope] = {t.alias_or_name: t for t in real}
-    violations: list[_Violation] = []
+    violations: list[Violation] = []
     if denied_any:
         for table in real:
             alias = table.args.get("alias")
             if isinstance(alias, exp.TableAlias) and alias.columns and _denied_for(check, table):
                 # FROM customers AS c(a, b, c, s) renames ssn: its new name is not denied.
                 violations.append(
-                    _Violation(
+                    Violation(
                         Denial.COLUMN,
                         f"{table.name} has denied column(s) and cannot be given column "
                         f"aliases ({alias.sql(dialect=check.dialect)[:80]})",
@@ -73,7 +73,7 @@ def check_columns(
             violations.extend(_join(check, node, owner.get(id(node)), top))
         elif isinstance(node, exp.Insert) and denied_any:
             violations.extend(_insert(check, node))
-    _raise(violations)
+    refuse_if_any(violations)
 
 
 def _denied_for(check: _StatementCheck, table: exp.Table) -> frozenset[str]:
@@ -110,7 +110,7 @@ def _column(
     scope: Scope | None,
     top: _Sources,
     denied_any: bool,
-) -> _Violation | None:
+) -> Violation | None:
     name = column_key(column.name, check.dialect)
     if column.table:
         source = _lookup(column.table, scope, top)
@@ -119,18 +119,18 @@ def _column(
             check.columns.add(f"{table}.{name}")
             if name in _denied_for(check, source):
                 where = check.where(column)
-                return _Violation(
+                return Violation(
                     Denial.COLUMN,
-                    f"the column {source.name}.{name}{_at(where)} is denied by the rule",
+                    f"the column {source.name}.{name}{at(where)} is denied by the rule",
                     f"{source.name}.{name}",
                     **where,
                 )
             return None
         if source is None and denied_any and _denied_anywhere(check, name):
             where = check.where(column)
-            return _Violation(
+            return Violation(
                 Denial.COLUMN,
-                f"the column {column.table}.{name}{_at(where)} cannot be resolved to a "
+                f"the column {column.table}.{name}{at(where)} cannot be resolved to a "
                 "table, and a column of that name is denied",
                 f"{column.table}.{name}",
                 **where,
@@ -152,9 +152,9 @@ def _column(
         and name not in (_schema_for(check, source) or ())
     ):
         where = check.where(column)
-        return _Violation(
+        return Violation(
             Denial.COLUMN,
-            f"{name}{_at(where)} refers to whole rows of {source.name}, which include a "
+            f"{name}{at(where)} refers to whole rows of {source.name}, which include a "
             "denied column",
             name,
             **where,
@@ -164,9 +164,9 @@ def _column(
     for candidate in _candidates(check, name, scope, top):
         if name in _denied_for(check, candidate):
             where = check.where(column)
-            return _Violation(
+            return Violation(
                 Denial.COLUMN,
-                f"the column {name}{_at(where)} may be {candidate.name}.{name}, which is "
+                f"the column {name}{at(where)} may be {candidate.name}.{name}, which is "
                 "denied by the rule",
                 f"{candidate.name}.{name}",
                 **where,
@@ -204,7 +204,7 @@ def _candidates(
 
 def _star(
     check: _StatementCheck, star: exp.Expr, scope: Scope | None, top: _Sources
-) -> list[_Violation]:
+) -> list[Violation]:
     where = check.where(star)
     if isinstance(star, exp.Column) and star.table:
         found = _lookup(star.table, scope, top)
@@ -212,14 +212,14 @@ def _star(
     else:
         sources = scope.sources if scope is not None else top
         covered = list(sources.values())
-    out: list[_Violation] = []
+    out: list[Violation] = []
     for source in covered:
         if isinstance(source, exp.Table) and _denied_for(check, source):
             denied = ", ".join(sorted(_denied_for(check, source)))
             out.append(
-                _Violation(
+                Violation(
                     Denial.COLUMN,
-                    f"* over {source.name}{_at(where)} includes the denied column(s) "
+                    f"* over {source.name}{at(where)} includes the denied column(s) "
                     f"{denied}; name the columns instead",
                     f"{source.name}.*",
                     **where,
@@ -230,15 +230,15 @@ def _star(
 
 def _join(
     check: _StatementCheck, join: exp.Join, scope: Scope | None, top: _Sources
-) -> list[_Violation]:
+) -> list[Violation]:
     sources = scope.sources if scope is not None else top
     guarded = [s for s in sources.values() if isinstance(s, exp.Table) and _denied_for(check, s)]
     if not guarded:
         return []
-    out: list[_Violation] = []
+    out: list[Violation] = []
     if str(join.args.get("method") or "").upper() == "NATURAL":
         out.append(
-            _Violation(
+            Violation(
                 Denial.COLUMN,
                 f"NATURAL JOIN compares every same-named column, including the denied "
                 f"column(s) of {guarded[0].name}; join ON named columns instead",
@@ -251,7 +251,7 @@ def _join(
         for table in guarded:
             if name in _denied_for(check, table):
                 out.append(
-                    _Violation(
+                    Violation(
                         Denial.COLUMN,
                         f"JOIN ... USING ({name}) compares the denied column {table.name}.{name}",
                         f"{table.name}.{name}",
@@ -261,7 +261,7 @@ def _join(
     return out
 
 
-def _insert(check: _StatementCheck, insert: exp.Insert) -> list[_Violation]:
+def _insert(check: _StatementCheck, insert: exp.Insert) -> list[Violation]:
     target = insert.this
     names: list[exp.Expr] | None = None
     if isinstance(target, exp.Schema):
@@ -274,7 +274,7 @@ def _insert(check: _StatementCheck, insert: exp.Insert) -> list[_Violation]:
         return []
     if names is None:
         return [
-            _Violation(
+            Violation(
                 Denial.COLUMN,
                 f"an INSERT into {target.name} without a column list writes its denied "
                 "column(s); list the columns",
@@ -283,7 +283,7 @@ def _insert(check: _StatementCheck, insert: exp.Insert) -> list[_Violation]:
             )
         ]
     return [
-        _Violation(
+        Violation(
             Denial.COLUMN,
             f"the INSERT writes the denied column {target.name}.{n.name}",
             f"{target.name}.{n.name}",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from gateway.checks.sql.violations import Denial, _at, _Violation
+from gateway.checks.sql.violations import Denial, Violation, at
 
 if TYPE_CHECKING:
     from gateway.checks.sql.statement import _StatementCheck
@@ -70,16 +70,16 @@ def function_name(check: _StatementCheck, node: exp.Func) -> tuple[str, bool]:
     return name.lower(), from_text
 
 
-def function_problem(check: _StatementCheck, node: exp.Func) -> _Violation | None:
+def function_problem(check: _StatementCheck, node: exp.Func) -> Violation | None:
     """The function is allowed by the rule, called by its plain name (not schema-qualified)."""
     name, from_text = function_name(check, node)
     parent = node.parent
     if isinstance(parent, exp.Dot) and parent.expression is node:
         where = check.where(node)
         qualifier = parent.this.sql(dialect=check.dialect)
-        return _Violation(
+        return Violation(
             Denial.FUNCTION,
-            f"the schema-qualified function {qualifier}.{name}(){_at(where)} is not allowed",
+            f"the schema-qualified function {qualifier}.{name}(){at(where)} is not allowed",
             f"{qualifier}.{name}",
             **where,
         )
@@ -96,9 +96,9 @@ def function_problem(check: _StatementCheck, node: exp.Func) -> _Violation | Non
     where = check.where(node)
     as_source = isinstance(parent, exp.Table)
     what = "table function" if as_source else "function"
-    return _Violation(
+    return Violation(
         Denial.FUNCTION,
-        f"the {what} {name}(){_at(where)} is not on the rule's list of allowed functions",
+        f"the {what} {name}(){at(where)} is not on the rule's list of allowed functions",
         name,
         **where,
     )

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from gateway.checks.sql.rules.statements import _QUERY_ROOTS
-from gateway.checks.sql.violations import Denial, _Refusal
+from gateway.checks.sql.rules.statements import QUERY_ROOTS
+from gateway.checks.sql.violations import Denial, Refusal
 
 if TYPE_CHECKING:
     from gateway.checks.sql.statement import _StatementCheck
@@ -24,7 +24,7 @@ def check_limit(check: _StatementCheck) -> bool:
     """True when the outermost query has no LIMIT and one is required."""
     maximum = check.policy.max_limit
     node = check.root
-    if maximum is None or not isinstance(node, _QUERY_ROOTS):
+    if maximum is None or not isinstance(node, QUERY_ROOTS):
         return False
     limit = node.args.get("limit")
     while limit is None and isinstance(node, exp.Subquery):
@@ -37,7 +37,7 @@ def check_limit(check: _StatementCheck) -> bool:
     if isinstance(limit, exp.Fetch):
         options = limit.args.get("limit_options")
         if options is not None and (options.args.get("percent") or options.args.get("with_ties")):
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.LIMIT,
                 "FETCH ... PERCENT / WITH TIES can return more rows than the rule allows",
                 "fetch",
@@ -56,14 +56,14 @@ def check_limit(check: _StatementCheck) -> bool:
         and _DIGITS.fullmatch(str(count.this))
     ):
         shown = count.sql(dialect=check.dialect)[:40] if count is not None else "?"
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.LIMIT,
             f"LIMIT {shown} is not a literal integer; the rule requires LIMIT <= {maximum}",
             shown,
             **where,
         )
     if int(str(count.this)) > maximum:
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.LIMIT,
             f"LIMIT {count.this} is above the rule's maximum of {maximum}",
             str(count.this),

@@ -1,7 +1,8 @@
 """``SqlPolicy``: one rule's compiled ``sql:`` settings, and the check of a text against them.
 
-``check`` measures the text, parses it (``parsing``), runs the checks of each statement
-(``statement``) and remembers the verdict per text in a bounded cache. Any unexpected error
+``SqlPolicy`` is the ``SqlRules`` that ``SqlSettings`` resolve to, with a rule id and a verdict
+cache. ``check`` measures the text, parses it (``parsing``), runs the checks of each statement
+(``driver``) and remembers the verdict per text in a bounded cache. Any unexpected error
 while checking denies the call (``Denial.UNCHECKED``).
 
 Regenerating SQL can change its meaning, so the checked text itself is forwarded; an appended
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sqlglot import exp
 
 from gateway.checks.sql import parsing
 from gateway.checks.sql.cache import Lru
+from gateway.checks.sql.driver import check_statement
 from gateway.checks.sql.lexing import raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
@@ -25,10 +27,8 @@ from gateway.checks.sql.limits import (
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.names import TableName
-from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
-from gateway.checks.sql.settings import SqlSettings
-from gateway.checks.sql.statement import _StatementCheck
+from gateway.checks.sql.settings import SqlRules, SqlSettings
+from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
 from gateway.errors import SqlDenied
 
@@ -47,25 +47,12 @@ class SqlVerdict:
 
 
 @dataclass(frozen=True, eq=False)
-class SqlPolicy:
+class SqlPolicy(SqlRules):
     """A compiled ``sql:`` policy. Build it with ``SqlPolicy.create``; ``check`` is thread-safe.
 
     Security parameters come from the policy file only, never from the call.
     """
 
-    dialect: str
-    tables: frozenset[TableName]  # canonical (default_schema filled in)
-    statements: frozenset[SqlKind] = frozenset({SqlKind.SELECT})
-    max_statements: int = 1
-    default_schema: str | None = None
-    schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
-    deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
-    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
-    functions: frozenset[str] = DEFAULT_FUNCTIONS
-    max_limit: int | None = None
-    add_limit: bool = False
-    allow: frozenset[SqlFamily] = frozenset()
-    max_length: int = MAX_SQL_LENGTH
     rule_id: str | None = None
     _verdicts: Lru[str, SqlVerdict | Refusal] = field(
         default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
@@ -112,7 +99,9 @@ class SqlPolicy:
     @classmethod
     def from_settings(cls, settings: SqlSettings, *, rule_id: str | None = None) -> SqlPolicy:
         """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
-        return cls(**settings.resolve(), rule_id=rule_id)
+        rules = settings.resolve()
+        values = {f.name: getattr(rules, f.name) for f in fields(SqlRules)}
+        return cls(**values, rule_id=rule_id)
 
     # -- the check -------------------------------------------------------------------------------
 
@@ -171,12 +160,13 @@ class SqlPolicy:
         tables: set[str] = set()
         columns: set[str] = set()
         missing_limit = False
-        for statement in statements:
-            result = _StatementCheck(self, parsed, text, statement).run()
-            kinds |= result.kinds
-            tables |= result.tables
-            columns |= result.columns
-            missing_limit = missing_limit or result.missing_limit
+        for root in statements:
+            statement = Statement(self, parsed, text, root)
+            if check_statement(statement):
+                missing_limit = True
+            kinds |= statement.kinds
+            tables |= statement.tables
+            columns |= statement.columns
         if missing_limit:
             if not rewrite or len(statements) != 1:
                 detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
@@ -197,8 +187,3 @@ class SqlPolicy:
             tables=tuple(sorted(tables)),
             columns=tuple(sorted(columns)),
         )
-
-    # -- helpers used by the rules ---------------------------------------------------------------
-
-    def canonical(self, table: TableName) -> TableName:
-        return TableName(table.catalog, table.db or self.default_schema or "", table.name)

@@ -1,8 +1,9 @@
 """The settings of a ``sql:`` policy, and the one place that decides whether they are valid.
 
 ``SqlSettings`` holds the values as given (from Python, or as read from a policy file);
-``resolve`` checks all of them in one pass and either returns the normalised values a
-``SqlPolicy`` is built from or raises ``SqlSettingsError`` listing every problem. Each
+``resolve`` checks all of them in one pass and either returns ``SqlRules``, the normalised
+values the rules read (a ``SqlPolicy`` is ``SqlRules`` with a check and a verdict cache), or
+raises ``SqlSettingsError`` listing every problem. Each
 ``SettingProblem`` names its key and, for a list or a mapping, the item at fault, so the policy
 file reader can point at that item's FILE:LINE:COL; ``str(problem)`` names them for a caller
 of ``SqlPolicy.create``.
@@ -14,9 +15,8 @@ reported where it is read); the values themselves are judged here only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
 from gateway.checks.sql.names import (
@@ -65,6 +65,32 @@ class SqlSettingsError(ValueError):
         super().__init__(message)
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class SqlRules:
+    """A ``sql:`` policy's settings, checked and normalised: what the rules read.
+
+    Compared by identity, like the ``SqlPolicy`` that extends it.
+    """
+
+    dialect: str
+    tables: frozenset[TableName]  # canonical (default_schema filled in)
+    statements: frozenset[SqlKind] = frozenset({SqlKind.SELECT})
+    max_statements: int = 1
+    default_schema: str | None = None
+    schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
+    functions: frozenset[str] = DEFAULT_FUNCTIONS
+    max_limit: int | None = None
+    add_limit: bool = False
+    allow: frozenset[SqlFamily] = frozenset()
+    max_length: int = MAX_SQL_LENGTH
+
+    def canonical(self, table: TableName) -> TableName:
+        """``table`` as the rules name it: in ``default_schema`` when it names no schema."""
+        return TableName(table.catalog, table.db or self.default_schema or "", table.name)
+
+
 @dataclass(frozen=True, slots=True)
 class SqlSettings:
     """The settings of one ``sql:`` policy as given, before they are checked."""
@@ -85,8 +111,8 @@ class SqlSettings:
     """Keys a reader could not read in full (and has said why): their own checks are skipped,
     and settings with any such key are never valid."""
 
-    def resolve(self) -> dict[str, Any]:
-        """The fields of a ``SqlPolicy`` (but ``rule_id``); raise ``SqlSettingsError``."""
+    def resolve(self) -> SqlRules:
+        """The settings checked and normalised; raise ``SqlSettingsError``."""
         problems: list[SettingProblem] = []
         unread = self.unread
 
@@ -211,18 +237,19 @@ class SqlSettings:
 
         if problems or unread:
             raise SqlSettingsError(problems, unread)
-        return {
-            "dialect": dialect,
-            "tables": frozenset(allowed),
-            "statements": frozenset(kinds),
-            "max_statements": self.max_statements,
-            "default_schema": default,
-            "schema": MappingProxyType(columns),
-            "deny_columns": MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
-            "denied_names": frozenset(c for cols in denied.values() for c in cols),
-            "functions": DEFAULT_FUNCTIONS | functions,
-            "max_limit": self.max_limit,
-            "add_limit": self.add_limit,
-            "allow": frozenset(families),
-            "max_length": self.max_length,
-        }
+        assert dialect is not None  # else a problem, or 'dialect' unread
+        return SqlRules(
+            dialect=dialect,
+            tables=frozenset(allowed),
+            statements=frozenset(kinds),
+            max_statements=self.max_statements,
+            default_schema=default,
+            schema=MappingProxyType(columns),
+            deny_columns=MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
+            denied_names=frozenset(c for cols in denied.values() for c in cols),
+            functions=DEFAULT_FUNCTIONS | functions,
+            max_limit=self.max_limit,
+            add_limit=self.add_limit,
+            allow=frozenset(families),
+            max_length=self.max_length,
+        )

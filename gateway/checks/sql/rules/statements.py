@@ -16,7 +16,7 @@ from gateway.checks.sql.options import SqlFamily, SqlKind
 from gateway.checks.sql.violations import Denial, Refusal, Violation, at
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 # Statement classes that may be allowed, by kind. exp.Insert is also a DDL subclass in sqlglot.
 _KIND_OF: dict[type[exp.Expr], SqlKind] = {
@@ -57,9 +57,9 @@ INSPECTED: tuple[type[exp.Expr], ...] = (
 )
 
 
-def check_root(check: _StatementCheck) -> None:
+def check_root(statement: Statement) -> None:
     """The statement itself is one of the allowed kinds (a query is a SELECT)."""
-    root = check.root
+    root = statement.root
     if isinstance(root, exp.Command):
         name = str(root.this or "command").upper()
         raise Refusal.of(
@@ -88,21 +88,21 @@ def check_root(check: _StatementCheck) -> None:
                 root.key,
             )
         kind = found
-    check.kinds.add(kind.value)
-    if kind not in check.policy.statements:
+    statement.kinds.add(kind.value)
+    if kind not in statement.rules.statements:
         raise Refusal.of(
             Denial.STATEMENT,
             f"{kind.value.upper()} statements are not allowed by the rule "
-            f"(allowed: {', '.join(sorted(check.policy.statements))})",
+            f"(allowed: {', '.join(sorted(statement.rules.statements))})",
             kind.value,
         )
 
 
-def inspect_problem(check: _StatementCheck, node: exp.Expr) -> Violation | None:
+def inspect_problem(statement: Statement, node: exp.Expr) -> Violation | None:
     """A node below the root that is a statement, INTO, a locking clause or a variable."""
-    allow = check.policy.allow
+    allow = statement.rules.allow
     if isinstance(node, _UTILITY):  # exp.Command is one of them
-        where = check.where(node)
+        where = statement.where(node)
         return Violation(
             Denial.COMMAND,
             f"a {node.key.upper()} statement inside the SQL{at(where)} is never allowed",
@@ -111,10 +111,10 @@ def inspect_problem(check: _StatementCheck, node: exp.Expr) -> Violation | None:
         )
     kind = _KIND_OF.get(type(node))
     if kind is not None:
-        check.kinds.add(kind.value)
-        if kind in check.policy.statements:
+        statement.kinds.add(kind.value)
+        if kind in statement.rules.statements:
             return None
-        where = check.where(node)
+        where = statement.where(node)
         return Violation(
             Denial.STATEMENT,
             f"a {kind.value.upper()} nested inside the statement (in a CTE or a "
@@ -123,7 +123,7 @@ def inspect_problem(check: _StatementCheck, node: exp.Expr) -> Violation | None:
             **where,
         )
     if isinstance(node, exp.DDL | exp.DML):
-        where = check.where(node)
+        where = statement.where(node)
         return Violation(
             Denial.COMMAND,
             f"a {node.key.upper()} inside the SQL{at(where)} is never allowed",
@@ -131,7 +131,7 @@ def inspect_problem(check: _StatementCheck, node: exp.Expr) -> Violation | None:
             **where,
         )
     if isinstance(node, exp.Into) and SqlFamily.INTO not in allow:
-        where = check.where(node.this)
+        where = statement.where(node.this)
         return Violation(
             Denial.INTO,
             f"SELECT ... INTO{at(where)} writes a table or variables; it is not allowed "
@@ -150,11 +150,11 @@ def inspect_problem(check: _StatementCheck, node: exp.Expr) -> Violation | None:
         isinstance(node, exp.SessionParameter)
         or (isinstance(node, exp.PropertyEQ) and isinstance(node.this, exp.Parameter))
     ):
-        where = check.where(node.this)
+        where = statement.where(node.this)
         return Violation(
             Denial.VARIABLE,
             f"a server or session variable{at(where)} is not allowed (allow: [variables] opts in)",
-            node.sql(dialect=check.dialect)[:80],
+            node.sql(dialect=statement.dialect)[:80],
             **where,
         )
     return None

@@ -32,32 +32,10 @@ def check_columns(
 ) -> None:
     """No denied column is read or written; records the columns that could be resolved."""
     denied_any = bool(statement.rules.deny_columns)
-    owner: dict[int, Scope] = {}
-    for scope in scopes:
-        for node in walk_in_scope(scope.expression):
-            if isinstance(node, exp.Column | exp.Star | exp.Join):
-                owner.setdefault(id(node), scope)
+    owner = _owners(scopes)
     # Sources seen by nodes outside any scope (the body of an INSERT/UPDATE/DELETE).
     top: dict[str, exp.Table | Scope] = {t.alias_or_name: t for t in real}
-    violations: list[Violation] = []
-    if denied_any:
-        for table in real:
-            alias = table.args.get("alias")
-            if (
-                isinstance(alias, exp.TableAlias)
-                and alias.columns
-                and _denied_for(statement, table)
-            ):
-                # FROM customers AS c(a, b, c, s) renames ssn: its new name is not denied.
-                violations.append(
-                    Violation(
-                        Denial.COLUMN,
-                        f"{table.name} has denied column(s) and cannot be given column "
-                        f"aliases ({alias.sql(dialect=statement.dialect)[:80]})",
-                        alias.name or table.name,
-                        **statement.where(alias),
-                    )
-                )
+    violations = _column_aliases(statement, real) if denied_any else []
     for node in tree.walk():
         if isinstance(node, exp.Column):
             if isinstance(node.this, exp.Star):
@@ -78,6 +56,34 @@ def check_columns(
         elif isinstance(node, exp.Insert) and denied_any:
             violations.extend(_insert(statement, node))
     refuse_if_any(violations)
+
+
+def _owners(scopes: list[Scope]) -> dict[int, Scope]:
+    """The scope of each column, star and join (by id): the first whose own walk reaches it."""
+    owner: dict[int, Scope] = {}
+    for scope in scopes:
+        for node in walk_in_scope(scope.expression):
+            if isinstance(node, exp.Column | exp.Star | exp.Join):
+                owner.setdefault(id(node), scope)
+    return owner
+
+
+def _column_aliases(statement: Statement, real: list[exp.Table]) -> list[Violation]:
+    """FROM customers AS c(a, b, c, s) renames ssn: its new name is not denied."""
+    out: list[Violation] = []
+    for table in real:
+        alias = table.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns and _denied_for(statement, table):
+            out.append(
+                Violation(
+                    Denial.COLUMN,
+                    f"{table.name} has denied column(s) and cannot be given column "
+                    f"aliases ({alias.sql(dialect=statement.dialect)[:80]})",
+                    alias.name or table.name,
+                    **statement.where(alias),
+                )
+            )
+    return out
 
 
 def _denied_for(statement: Statement, table: exp.Table) -> frozenset[str]:

@@ -318,13 +318,13 @@ def test_pitfall_add_limit_appends_and_rechecks() -> None:
 
 def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    real_parse = sql_parsing._parse
+    real_parse = sql_parsing.parse
 
     def spy(dialect: str, text: str) -> Any:
         seen.append(text)
         return real_parse(dialect, text)
 
-    monkeypatch.setattr(sql_parsing, "_parse", spy)
+    monkeypatch.setattr(sql_parsing, "parse", spy)
     make(max_limit=7, add_limit=True).check("SELECT id FROM orders")
     assert seen == ["SELECT id FROM orders", "SELECT id FROM orders LIMIT 7"]
 
@@ -384,7 +384,7 @@ def test_pitfall_parse_and_verdict_are_cached() -> None:
 
 
 def test_caches_are_bounded_in_entries_and_text() -> None:
-    lru: sql_cache._Lru[str, int] = sql_cache._Lru(size=3, max_weight=10)
+    lru: sql_cache.Lru[str, int] = sql_cache.Lru(size=3, max_weight=10)
     for key, weight in [("a", 4), ("b", 4), ("c", 1), ("d", 1)]:
         lru.put(key, weight, weight)
     assert lru.get("a") is None  # evicted: four entries weigh 10 but only 3 fit

@@ -36,10 +36,12 @@ Why each check exists is written in the module that does it (see /work/shared/PI
 ``cache``       the bounded LRU map behind the parse and verdict caches
 ``lexing``      the raw text and its tokens: measured, and refused where databases lex otherwise
 ``parsing``     tokens to trees, once per (dialect, text), in a shared cache
-``statement``   the checks of one statement: a thin driver over ``rules/``
+``settings``    ``SqlSettings``: the one validator of a policy's settings, every problem named;
+                it resolves them to ``SqlRules``, what the rules read
+``statement``   ``Statement``: one statement under check, what the rules read and record
 ``rules/``      one module per rule family: statements, functions, tables, columns, limit
-``settings``    ``SqlSettings``: the one validator of a policy's settings, every problem named
-``policy``      ``SqlPolicy`` (built from settings; ``check``, the verdict cache), ``SqlVerdict``
+``driver``      the checks of one statement: a thin driver running ``rules/`` in order
+``policy``      ``SqlPolicy`` (``SqlRules`` with ``check`` and the verdict cache), ``SqlVerdict``
 ``adapter``     ``SqlBodyCheck``: where the SQL is in a call
 ``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at
                 the FILE:LINE:COL of each problem (registers itself with the policy loader)

@@ -10,7 +10,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class _Lru(Generic[K, V]):
+class Lru(Generic[K, V]):
     """A small thread-safe LRU map, bounded in entries and in total weight (text length)."""
 
     def __init__(self, size: int, max_weight: int) -> None:

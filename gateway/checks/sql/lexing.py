@@ -28,9 +28,9 @@ from gateway.checks.sql.limits import (
     PG_MAX_IDENTIFIER_BYTES,
 )
 from gateway.checks.sql.options import DIALECTS
-from gateway.checks.sql.violations import Denial, _at, _position, _Refusal
+from gateway.checks.sql.violations import Denial, Refusal, at, position
 
-_DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
+DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
 
 # Lexical markers refused in the raw text, for every dialect (case-insensitive).
 _RAW_MARKERS = (
@@ -43,58 +43,58 @@ _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
 
 
-def _raw_text_problems(text: str) -> None:
+def raw_text_problems(text: str) -> None:
     """Refuse a NUL, a text of nothing but whitespace, and the raw markers, before any lexing."""
     if "\x00" in text:
-        raise _Refusal.of(Denial.PARSE, "the SQL contains a NUL character", "\\x00")
+        raise Refusal.of(Denial.PARSE, "the SQL contains a NUL character", "\\x00")
     if not text.strip():
-        raise _Refusal.of(Denial.EMPTY, "the SQL is empty")
+        raise Refusal.of(Denial.EMPTY, "the SQL is empty")
     lowered = text.lower()
     for marker, what in _RAW_MARKERS:
         offset = lowered.find(marker)
         if offset >= 0:
-            where = _position(text, offset)
-            raise _Refusal.of(
+            where = position(text, offset)
+            raise Refusal.of(
                 Denial.COMMENT,
-                f"the SQL contains {what}{_at(where)}",
+                f"the SQL contains {what}{at(where)}",
                 text[offset : offset + len(marker)],
                 **where,
             )
 
 
-def _tokenize(dialect: str, text: str) -> list[Token]:
-    """The tokens of ``text``, measured and checked; raise ``_Refusal``."""
-    d = _DIALECT_OBJECTS[dialect]
+def tokenize(dialect: str, text: str) -> list[Token]:
+    """The tokens of ``text``, measured and checked; raise ``Refusal``."""
+    d = DIALECT_OBJECTS[dialect]
     if dialect == "mysql" and "\\" in text:
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.PARSE,
             "the SQL contains a backslash: MySQL lexes it differently depending on sql_mode "
             "(NO_BACKSLASH_ESCAPES), so the gateway cannot know what the server would run",
             "\\",
-            **_position(text, text.index("\\")),
+            **position(text, text.index("\\")),
         )
     try:
         tokens = d.tokenize(text)
     except TokenError:
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.PARSE,
             "the SQL could not be tokenized: an unterminated string, quoted identifier or comment?",
             "token",
         ) from None
     if not tokens or all(t.token_type is TokenType.SEMICOLON for t in tokens):
-        raise _Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+        raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
     _lexical_problems(dialect, text, tokens)
     return tokens
 
 
 def _where_token(text: str, token: Token) -> dict[str, Any]:
-    return _position(text, token.start)
+    return position(text, token.start)
 
 
 def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
     """Refuse token streams that are too big, too deep, or that the database lexes otherwise."""
     if len(tokens) > MAX_TOKENS:
-        raise _Refusal.of(Denial.SIZE, f"the SQL has more than {MAX_TOKENS} tokens")
+        raise Refusal.of(Denial.SIZE, f"the SQL has more than {MAX_TOKENS} tokens")
     depth = 0
     subscripts = 0
     for token in tokens:
@@ -102,7 +102,7 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
         if kind in _OPEN:
             depth += 1
             if depth > MAX_NESTING:
-                raise _Refusal.of(
+                raise Refusal.of(
                     Denial.DEPTH,
                     f"the SQL nests brackets more than {MAX_NESTING} levels deep",
                     "nesting",
@@ -111,7 +111,7 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
             if kind is TokenType.L_BRACKET:
                 subscripts += 1
                 if subscripts > MAX_SUBSCRIPTS:
-                    raise _Refusal.of(
+                    raise Refusal.of(
                         Denial.SIZE,
                         f"the SQL has more than {MAX_SUBSCRIPTS} '[' subscripts",
                         "[",
@@ -126,7 +126,7 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
     elif dialect == "mysql" and '"' in text:
         for token in tokens:
             if token.token_type is TokenType.STRING and text[token.start] == '"':
-                raise _Refusal.of(
+                raise Refusal.of(
                     Denial.PARSE,
                     "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
                     "identifier; use single quotes",
@@ -160,12 +160,12 @@ def _odd_characters(text: str, tokens: list[Token]) -> None:
     for match in _ODD_CHARACTER.finditer(text):
         offset = match.start()
         if not any(start <= offset <= end for start, end in spans):
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.PARSE,
                 f"the SQL contains the character U+{ord(match.group()):04X} outside a string "
                 "literal; databases disagree on whether it separates words",
                 f"U+{ord(match.group()):04X}",
-                **_position(text, offset),
+                **position(text, offset),
             )
 
 
@@ -184,7 +184,7 @@ def _postgres_lexing(text: str, tokens: list[Token]) -> None:
                 and text[previous.start - 1] in "uU"
                 and previous.end + 1 == token.start
             ):
-                raise _Refusal.of(
+                raise Refusal.of(
                     Denial.PARSE,
                     'a Unicode-escaped identifier U&"...": sqlglot reads it as \'U & "..."\', '
                     "PostgreSQL decodes it",
@@ -198,7 +198,7 @@ def _postgres_lexing(text: str, tokens: list[Token]) -> None:
             token.token_type in (TokenType.IDENTIFIER, TokenType.VAR)
             and len(token.text.encode("utf-8")) > PG_MAX_IDENTIFIER_BYTES
         ):
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.PARSE,
                 f"an identifier is longer than {PG_MAX_IDENTIFIER_BYTES} bytes, which "
                 "PostgreSQL would truncate",

@@ -101,7 +101,7 @@ def column_key(name: str, dialect: str) -> str:
     return name.lower() if dialect == "mysql" else name
 
 
-def _is_catalog(table: TableName, dialect: str) -> bool:
+def is_catalog(table: TableName, dialect: str) -> bool:
     db, name = table.db.lower(), table.name.lower()
     if db == "information_schema" or table.catalog.lower() == "information_schema":
         return True

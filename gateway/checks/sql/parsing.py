@@ -20,15 +20,15 @@ from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.tokenizer_core import TokenType
 from sqlglot.tokens import SQLGLOTC_INSTALLED
 
-from gateway.checks.sql.cache import _Lru
-from gateway.checks.sql.lexing import _DIALECT_OBJECTS, _tokenize
+from gateway.checks.sql.cache import Lru
+from gateway.checks.sql.lexing import DIALECT_OBJECTS, tokenize
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     MAX_ERRORS,
     PARSE_CACHE_CHARS,
     PARSE_CACHE_SIZE,
 )
-from gateway.checks.sql.violations import Denial, _Refusal, _Violation
+from gateway.checks.sql.violations import Denial, Refusal, Violation
 
 SQLGLOT_VERSION: str = importlib.metadata.version("sqlglot")
 SQLGLOT_COMPILED: bool = bool(SQLGLOTC_INSTALLED)
@@ -36,7 +36,7 @@ SQLGLOT_COMPILED: bool = bool(SQLGLOTC_INSTALLED)
 
 
 @dataclass(frozen=True, slots=True)
-class _Parsed:
+class Parsed:
     """One text parsed by one dialect, identifiers normalised. Shared: never mutated."""
 
     statements: tuple[exp.Expr | None, ...]
@@ -44,7 +44,7 @@ class _Parsed:
     last_end: int  # offset of the last character of the last token that is not ';'
 
 
-_PARSES: _Lru[tuple[str, str], _Parsed | _Refusal] = _Lru(PARSE_CACHE_SIZE, PARSE_CACHE_CHARS)
+_PARSES: Lru[tuple[str, str], Parsed | Refusal] = Lru(PARSE_CACHE_SIZE, PARSE_CACHE_CHARS)
 
 
 def cache_info() -> dict[str, Any]:
@@ -61,9 +61,9 @@ def clear_parse_cache() -> None:
     _PARSES.clear()
 
 
-def _parse_uncached(dialect: str, text: str) -> _Parsed:
-    tokens = _tokenize(dialect, text)
-    d = _DIALECT_OBJECTS[dialect]
+def _parse_uncached(dialect: str, text: str) -> Parsed:
+    tokens = tokenize(dialect, text)
+    d = DIALECT_OBJECTS[dialect]
     try:
         statements = d.parser().parse(tokens, text)
         # Identifiers compared as the database compares them (PostgreSQL folds unquoted names
@@ -73,7 +73,7 @@ def _parse_uncached(dialect: str, text: str) -> _Parsed:
                 normalize_identifiers(statement, dialect=d)
     except ParseError as exc:
         errors = [
-            _Violation(
+            Violation(
                 Denial.PARSE,
                 f"the SQL is not valid {dialect}: {e.get('description') or 'syntax error'} "
                 f"(line {e.get('line')}, column {e.get('col')})",
@@ -83,32 +83,32 @@ def _parse_uncached(dialect: str, text: str) -> _Parsed:
             )
             for e in (exc.errors or [{}])[:MAX_ERRORS]
         ]
-        raise _Refusal(errors) from None
+        raise Refusal(errors) from None
     quoted = {t.start: t.text for t in tokens if t.token_type is TokenType.IDENTIFIER}
     last = next(t for t in reversed(tokens) if t.token_type is not TokenType.SEMICOLON)
-    return _Parsed(tuple(statements), MappingProxyType(quoted), last.end)
+    return Parsed(tuple(statements), MappingProxyType(quoted), last.end)
 
 
-def _parse(dialect: str, text: str) -> _Parsed:
-    """Tokenize, measure and parse ``text`` once per (dialect, text); raise ``_Refusal``."""
+def parse(dialect: str, text: str) -> Parsed:
+    """Tokenize, measure and parse ``text`` once per (dialect, text); raise ``Refusal``."""
     cacheable = len(text) <= CACHE_MAX_TEXT
     key = (dialect, text)
     if cacheable:
         hit = _PARSES.get(key)
         if hit is not None:
-            if isinstance(hit, _Refusal):
+            if isinstance(hit, Refusal):
                 raise hit.with_traceback(None)
             return hit
-    result: _Parsed | _Refusal
+    result: Parsed | Refusal
     try:
         result = _parse_uncached(dialect, text)
-    except _Refusal as refusal:
+    except Refusal as refusal:
         result = refusal
     except RecursionError:
-        result = _Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
+        result = Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
     if cacheable:
         _PARSES.put(key, result, len(text))
-    if isinstance(result, _Refusal):
+    if isinstance(result, Refusal):
         raise result.with_traceback(None)
     return result
 

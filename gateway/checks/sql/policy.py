@@ -1,7 +1,8 @@
 """``SqlPolicy``: one rule's compiled ``sql:`` settings, and the check of a text against them.
 
-``check`` measures the text, parses it (``parsing``), runs the checks of each statement
-(``statement``) and remembers the verdict per text in a bounded cache. Any unexpected error
+``SqlPolicy`` is the ``SqlRules`` that ``SqlSettings`` resolve to, with a rule id and a verdict
+cache. ``check`` measures the text, parses it (``parsing``), runs the checks of each statement
+(``driver``) and remembers the verdict per text in a bounded cache. Any unexpected error
 while checking denies the call (``Denial.UNCHECKED``).
 
 Regenerating SQL can change its meaning, so the checked text itself is forwarded; an appended
@@ -12,24 +13,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sqlglot import exp
 
 from gateway.checks.sql import parsing
-from gateway.checks.sql.cache import _Lru
-from gateway.checks.sql.lexing import _raw_text_problems
+from gateway.checks.sql.cache import Lru
+from gateway.checks.sql.driver import check_statement
+from gateway.checks.sql.lexing import raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     MAX_SQL_LENGTH,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.names import TableName
-from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
-from gateway.checks.sql.settings import SqlSettings
-from gateway.checks.sql.statement import _StatementCheck
-from gateway.checks.sql.violations import Denial, _Refusal
+from gateway.checks.sql.settings import SqlRules, SqlSettings
+from gateway.checks.sql.statement import Statement
+from gateway.checks.sql.violations import Denial, Refusal
 from gateway.errors import SqlDenied
 
 logger = logging.getLogger("capgate.checks.sql")
@@ -47,28 +47,15 @@ class SqlVerdict:
 
 
 @dataclass(frozen=True, eq=False)
-class SqlPolicy:
+class SqlPolicy(SqlRules):
     """A compiled ``sql:`` policy. Build it with ``SqlPolicy.create``; ``check`` is thread-safe.
 
     Security parameters come from the policy file only, never from the call.
     """
 
-    dialect: str
-    tables: frozenset[TableName]  # canonical (default_schema filled in)
-    statements: frozenset[SqlKind] = frozenset({SqlKind.SELECT})
-    max_statements: int = 1
-    default_schema: str | None = None
-    schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
-    deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
-    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
-    functions: frozenset[str] = DEFAULT_FUNCTIONS
-    max_limit: int | None = None
-    add_limit: bool = False
-    allow: frozenset[SqlFamily] = frozenset()
-    max_length: int = MAX_SQL_LENGTH
     rule_id: str | None = None
-    _verdicts: _Lru[str, SqlVerdict | _Refusal] = field(
-        default_factory=lambda: _Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
+    _verdicts: Lru[str, SqlVerdict | Refusal] = field(
+        default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
 
     # -- construction ---------------------------------------------------------------------------
@@ -112,7 +99,9 @@ class SqlPolicy:
     @classmethod
     def from_settings(cls, settings: SqlSettings, *, rule_id: str | None = None) -> SqlPolicy:
         """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
-        return cls(**settings.resolve(), rule_id=rule_id)
+        rules = settings.resolve()
+        values = {f.name: getattr(rules, f.name) for f in fields(SqlRules)}
+        return cls(**values, rule_id=rule_id)
 
     # -- the check -------------------------------------------------------------------------------
 
@@ -124,22 +113,22 @@ class SqlPolicy:
         if cacheable:
             hit = self._verdicts.get(text)
             if hit is not None:
-                if isinstance(hit, _Refusal):
+                if isinstance(hit, Refusal):
                     raise hit.error(self.rule_id)
                 return hit
-        result: SqlVerdict | _Refusal
+        result: SqlVerdict | Refusal
         try:
             result = self._evaluate(text, rewrite=self.add_limit)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             result = refusal
         except RecursionError:
-            result = _Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
+            result = Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
         except Exception:  # fail closed: a bug or an unexpected input never allows the SQL
             logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
-            result = _Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
+            result = Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
         if cacheable:
             self._verdicts.put(text, result, len(text))
-        if isinstance(result, _Refusal):
+        if isinstance(result, Refusal):
             raise result.error(self.rule_id)
         return result
 
@@ -149,20 +138,20 @@ class SqlPolicy:
 
     def _evaluate(self, text: str, *, rewrite: bool) -> SqlVerdict:
         if len(text) > self.max_length:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
-        _raw_text_problems(text)
-        parsed = parsing._parse(self.dialect, text)
+        raw_text_problems(text)
+        parsed = parsing.parse(self.dialect, text)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
         statements = [
             s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
         ]
         if not statements:
-            raise _Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+            raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
         if len(statements) > self.max_statements:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.MULTIPLE,
                 f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
                 str(len(statements)),
@@ -171,16 +160,17 @@ class SqlPolicy:
         tables: set[str] = set()
         columns: set[str] = set()
         missing_limit = False
-        for statement in statements:
-            result = _StatementCheck(self, parsed, text, statement).run()
-            kinds |= result.kinds
-            tables |= result.tables
-            columns |= result.columns
-            missing_limit = missing_limit or result.missing_limit
+        for root in statements:
+            statement = Statement(self, parsed, text, root)
+            if check_statement(statement):
+                missing_limit = True
+            kinds |= statement.kinds
+            tables |= statement.tables
+            columns |= statement.columns
         if missing_limit:
             if not rewrite or len(statements) != 1:
                 detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
-                raise _Refusal.of(Denial.LIMIT, detail, "no limit")
+                raise Refusal.of(Denial.LIMIT, detail, "no limit")
             # Append to the checked text (never regenerate it), then check the new text whole.
             new_text = f"{text[: parsed.last_end + 1]} LIMIT {self.max_limit}"
             checked = self._evaluate(new_text, rewrite=False)
@@ -197,8 +187,3 @@ class SqlPolicy:
             tables=tuple(sorted(tables)),
             columns=tuple(sorted(columns)),
         )
-
-    # -- helpers used by the rules ---------------------------------------------------------------
-
-    def canonical(self, table: TableName) -> TableName:
-        return TableName(table.catalog, table.db or self.default_schema or "", table.name)

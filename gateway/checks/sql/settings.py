@@ -1,8 +1,9 @@
 """The settings of a ``sql:`` policy, and the one place that decides whether they are valid.
 
 ``SqlSettings`` holds the values as given (from Python, or as read from a policy file);
-``resolve`` checks all of them in one pass and either returns the normalised values a
-``SqlPolicy`` is built from or raises ``SqlSettingsError`` listing every problem. Each
+``resolve`` checks all of them in one pass and either returns ``SqlRules``, the normalised
+values the rules read (a ``SqlPolicy`` is ``SqlRules`` with a check and a verdict cache), or
+raises ``SqlSettingsError`` listing every problem. Each
 ``SettingProblem`` names its key and, for a list or a mapping, the item at fault, so the policy
 file reader can point at that item's FILE:LINE:COL; ``str(problem)`` names them for a caller
 of ``SqlPolicy.create``.
@@ -14,15 +15,14 @@ reported where it is read); the values themselves are judged here only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
 from gateway.checks.sql.names import (
     TableName,
-    _is_catalog,
     column_key,
+    is_catalog,
     parse_column_name,
     parse_function_name,
     parse_identifier,
@@ -65,6 +65,32 @@ class SqlSettingsError(ValueError):
         super().__init__(message)
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class SqlRules:
+    """A ``sql:`` policy's settings, checked and normalised: what the rules read.
+
+    Compared by identity, like the ``SqlPolicy`` that extends it.
+    """
+
+    dialect: str
+    tables: frozenset[TableName]  # canonical (default_schema filled in)
+    statements: frozenset[SqlKind] = frozenset({SqlKind.SELECT})
+    max_statements: int = 1
+    default_schema: str | None = None
+    schema: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    deny_columns: Mapping[TableName, frozenset[str]] = field(default_factory=dict)
+    denied_names: frozenset[str] = frozenset()  # every denied column name, for a quick test
+    functions: frozenset[str] = DEFAULT_FUNCTIONS
+    max_limit: int | None = None
+    add_limit: bool = False
+    allow: frozenset[SqlFamily] = frozenset()
+    max_length: int = MAX_SQL_LENGTH
+
+    def canonical(self, table: TableName) -> TableName:
+        """``table`` as the rules name it: in ``default_schema`` when it names no schema."""
+        return TableName(table.catalog, table.db or self.default_schema or "", table.name)
+
+
 @dataclass(frozen=True, slots=True)
 class SqlSettings:
     """The settings of one ``sql:`` policy as given, before they are checked."""
@@ -85,43 +111,69 @@ class SqlSettings:
     """Keys a reader could not read in full (and has said why): their own checks are skipped,
     and settings with any such key are never valid."""
 
-    def resolve(self) -> dict[str, Any]:
-        """The fields of a ``SqlPolicy`` (but ``rule_id``); raise ``SqlSettingsError``."""
-        problems: list[SettingProblem] = []
-        unread = self.unread
+    def resolve(self) -> SqlRules:
+        """The settings checked and normalised; raise ``SqlSettingsError``.
 
-        def problem(key: str, message: str, item: int | str | None = None) -> None:
-            problems.append(SettingProblem(key, item, message))
+        Every setting is judged, in the order of the fields, and every problem is named.
+        """
+        found = _Problems()
+        dialect = self._dialect(found)
+        kinds = self._statements(found)
+        families = self._allow(found)
+        default = self._default_schema(dialect, found)
+        allowed = self._tables(dialect, default, families, found)
+        columns = self._schema(dialect, default, found)
+        denied = self._deny_columns(dialect, default, allowed, columns, found)
+        self._limits(found)
+        functions = self._functions(found)
+        if found or self.unread:
+            raise SqlSettingsError(found, self.unread)
+        assert dialect is not None  # else a problem, or 'dialect' unread
+        return SqlRules(
+            dialect=dialect,
+            tables=frozenset(allowed),
+            statements=frozenset(kinds),
+            max_statements=self.max_statements,
+            default_schema=default,
+            schema=MappingProxyType(columns),
+            deny_columns=MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
+            denied_names=frozenset(c for cols in denied.values() for c in cols),
+            functions=DEFAULT_FUNCTIONS | functions,
+            max_limit=self.max_limit,
+            add_limit=self.add_limit,
+            allow=frozenset(families),
+            max_length=self.max_length,
+        )
 
-        def in_range(key: str, value: int, minimum: int, maximum: int) -> None:
-            if value < minimum:
-                problem(key, f"must be at least {minimum}, got {value}")
-            elif value > maximum:
-                problem(key, f"must be at most {maximum}, got {value}")
+    # -- one setting (or a few that belong together) each; None: not judged -----------------
 
-        dialect: str | None = None
-        if "dialect" not in unread:
-            if isinstance(self.dialect, str) and self.dialect in DIALECTS:
-                dialect = self.dialect
-            else:
-                problem("dialect", f"expected one of {list(DIALECTS)}, got {self.dialect!r}")
+    def _dialect(self, found: _Problems) -> str | None:
+        if "dialect" in self.unread:
+            return None
+        if isinstance(self.dialect, str) and self.dialect in DIALECTS:
+            return self.dialect
+        found.add("dialect", f"expected one of {list(DIALECTS)}, got {self.dialect!r}")
+        return None
 
+    def _statements(self, found: _Problems) -> set[SqlKind]:
         kinds: set[SqlKind] = set()
         for i, kind in enumerate(self.statements):
             if kind in _KINDS:
                 kinds.add(SqlKind(kind))
             else:
-                problem("statements", f"expected one of {list(_KINDS)}, got {kind!r}", i)
-        if not self.statements and "statements" not in unread:
+                found.add("statements", f"expected one of {list(_KINDS)}, got {kind!r}", i)
+        if not self.statements and "statements" not in self.unread:
             # The wording the policy file reader has always used for an empty list.
-            problem("statements", "expected at least one a statement kind")
-        if "max_statements" not in unread:
-            in_range("max_statements", self.max_statements, 1, MAX_STATEMENTS)
+            found.add("statements", "expected at least one a statement kind")
+        if "max_statements" not in self.unread:
+            found.in_range("max_statements", self.max_statements, 1, MAX_STATEMENTS)
+        return kinds
 
+    def _allow(self, found: _Problems) -> set[SqlFamily]:
         families: set[SqlFamily] = set()
         for i, family in enumerate(self.allow):
             if family in ("dml", "ddl"):
-                problem(
+                found.add(
                     "allow",
                     f"{family!r} is allowed by listing statement kinds in 'statements' "
                     "(insert, update, delete, merge / create, drop, alter, truncate)",
@@ -130,32 +182,39 @@ class SqlSettings:
             elif family in _FAMILIES:
                 families.add(SqlFamily(family))
             else:
-                problem("allow", f"expected one of {list(_FAMILIES)}, got {family!r}", i)
+                found.add("allow", f"expected one of {list(_FAMILIES)}, got {family!r}", i)
+        return families
 
-        default: str | None = None
-        if dialect is not None and self.default_schema is not None:
-            try:
-                default = parse_identifier(self.default_schema, dialect)
-            except ValueError as exc:
-                problem("default_schema", str(exc))
+    def _default_schema(self, dialect: str | None, found: _Problems) -> str | None:
+        if dialect is None or self.default_schema is None:
+            return None
+        try:
+            return parse_identifier(self.default_schema, dialect)
+        except ValueError as exc:
+            found.add("default_schema", str(exc))
+            return None
 
-        def canon(t: TableName) -> TableName:
-            return TableName(t.catalog, t.db or default or "", t.name)
-
+    def _tables(
+        self,
+        dialect: str | None,
+        default: str | None,
+        families: set[SqlFamily],
+        found: _Problems,
+    ) -> set[TableName]:
         named: list[tuple[int, str, TableName]] = []
         if dialect is not None:
             for i, text in enumerate(self.tables):
                 try:
-                    named.append((i, text, canon(parse_table_name(text, dialect))))
+                    named.append((i, text, _in_schema(parse_table_name(text, dialect), default)))
                 except ValueError as exc:
-                    problem("tables", str(exc), i)
-        if not self.tables and "tables" not in unread:
-            problem("tables", "expected at least one a table name")
+                    found.add("tables", str(exc), i)
+        if not self.tables and "tables" not in self.unread:
+            found.add("tables", "expected at least one a table name")
         allowed: set[TableName] = set()
         for i, text, table in named:
             assert dialect is not None
-            if _is_catalog(table, dialect) and SqlFamily.SYSTEM_CATALOGS not in families:
-                problem(
+            if is_catalog(table, dialect) and SqlFamily.SYSTEM_CATALOGS not in families:
+                found.add(
                     "tables",
                     f"{text!r} is a system catalog; add system_catalogs to 'allow' to let the "
                     "rule read catalogs",
@@ -163,66 +222,84 @@ class SqlSettings:
                 )
             else:
                 allowed.add(table)
+        return allowed
 
+    def _schema(
+        self, dialect: str | None, default: str | None, found: _Problems
+    ) -> dict[TableName, frozenset[str]]:
         columns: dict[TableName, frozenset[str]] = {}
-        if dialect is not None and self.schema is not None and "schema" not in unread:
-            for name, listed in self.schema.items():
-                try:
-                    table = canon(parse_table_name(name, dialect))
-                    columns[table] = frozenset(
-                        column_key(parse_identifier(c, dialect), dialect) for c in listed
-                    )
-                except ValueError as exc:
-                    problem("schema", str(exc), name)
+        if dialect is None or self.schema is None or "schema" in self.unread:
+            return columns
+        for name, listed in self.schema.items():
+            try:
+                table = _in_schema(parse_table_name(name, dialect), default)
+                columns[table] = frozenset(
+                    column_key(parse_identifier(c, dialect), dialect) for c in listed
+                )
+            except ValueError as exc:
+                found.add("schema", str(exc), name)
+        return columns
 
+    def _deny_columns(
+        self,
+        dialect: str | None,
+        default: str | None,
+        allowed: set[TableName],
+        columns: Mapping[TableName, frozenset[str]],
+        found: _Problems,
+    ) -> dict[TableName, set[str]]:
         denied: dict[TableName, set[str]] = {}
-        if dialect is not None:
-            for i, text in enumerate(self.deny_columns):
-                try:
-                    table, column = parse_column_name(text, dialect)
-                except ValueError as exc:
-                    problem("deny_columns", str(exc), i)
-                    continue
-                known = columns.get(canon(table))
-                if canon(table) not in allowed:
-                    problem("deny_columns", f"{text!r} names a table that is not in 'tables'", i)
-                elif known is not None and column_key(column, dialect) not in known:
-                    problem(
-                        "deny_columns",
-                        f"the schema of {str(table)!r} has no column {column!r}",
-                        i,
-                    )
-                else:
-                    denied.setdefault(canon(table), set()).add(column_key(column, dialect))
+        if dialect is None:
+            return denied
+        for i, text in enumerate(self.deny_columns):
+            try:
+                table, column = parse_column_name(text, dialect)
+            except ValueError as exc:
+                found.add("deny_columns", str(exc), i)
+                continue
+            canon = _in_schema(table, default)
+            known = columns.get(canon)
+            if canon not in allowed:
+                found.add("deny_columns", f"{text!r} names a table that is not in 'tables'", i)
+            elif known is not None and column_key(column, dialect) not in known:
+                found.add(
+                    "deny_columns", f"the schema of {str(table)!r} has no column {column!r}", i
+                )
+            else:
+                denied.setdefault(canon, set()).add(column_key(column, dialect))
+        return denied
 
-        if self.max_limit is not None and "max_limit" not in unread:
-            in_range("max_limit", self.max_limit, 1, MAX_LIMIT)
-        if self.add_limit and self.max_limit is None and "max_limit" not in unread:
-            problem("add_limit", "add_limit needs max_limit")
-        if "max_length" not in unread:
-            in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
+    def _limits(self, found: _Problems) -> None:
+        if self.max_limit is not None and "max_limit" not in self.unread:
+            found.in_range("max_limit", self.max_limit, 1, MAX_LIMIT)
+        if self.add_limit and self.max_limit is None and "max_limit" not in self.unread:
+            found.add("add_limit", "add_limit needs max_limit")
+        if "max_length" not in self.unread:
+            found.in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
 
+    def _functions(self, found: _Problems) -> set[str]:
         functions: set[str] = set()
         for i, name in enumerate(self.functions):
             try:
                 functions.add(parse_function_name(name))
             except ValueError as exc:
-                problem("functions", str(exc), i)
+                found.add("functions", str(exc), i)
+        return functions
 
-        if problems or unread:
-            raise SqlSettingsError(problems, unread)
-        return {
-            "dialect": dialect,
-            "tables": frozenset(allowed),
-            "statements": frozenset(kinds),
-            "max_statements": self.max_statements,
-            "default_schema": default,
-            "schema": MappingProxyType(columns),
-            "deny_columns": MappingProxyType({t: frozenset(c) for t, c in denied.items()}),
-            "denied_names": frozenset(c for cols in denied.values() for c in cols),
-            "functions": DEFAULT_FUNCTIONS | functions,
-            "max_limit": self.max_limit,
-            "add_limit": self.add_limit,
-            "allow": frozenset(families),
-            "max_length": self.max_length,
-        }
+
+class _Problems(list[SettingProblem]):
+    """The problems found while resolving settings, in the order found."""
+
+    def add(self, key: str, message: str, item: int | str | None = None) -> None:
+        self.append(SettingProblem(key, item, message))
+
+    def in_range(self, key: str, value: int, minimum: int, maximum: int) -> None:
+        if value < minimum:
+            self.add(key, f"must be at least {minimum}, got {value}")
+        elif value > maximum:
+            self.add(key, f"must be at most {maximum}, got {value}")
+
+
+def _in_schema(table: TableName, default: str | None) -> TableName:
+    """``table`` in the default schema when it names none (as ``SqlRules.canonical`` does)."""
+    return TableName(table.catalog, table.db or default or "", table.name)

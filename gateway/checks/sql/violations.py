@@ -55,7 +55,7 @@ _PRIORITY = {
 
 
 @dataclass(frozen=True, slots=True)
-class _Violation:
+class Violation:
     kind: Denial
     detail: str
     found: str
@@ -71,16 +71,16 @@ class _Violation:
         return out
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
     """Internal: the SQL is denied; converted to a fresh ``SqlDenied`` per call (cacheable)."""
 
-    def __init__(self, violations: list[_Violation]) -> None:
+    def __init__(self, violations: list[Violation]) -> None:
         super().__init__(violations[0].detail)
         self.violations = violations
 
     @classmethod
-    def of(cls, kind: Denial, detail: str, found: str = "", **where: Any) -> _Refusal:
-        return cls([_Violation(kind, detail, found or kind.value, **where)])
+    def of(cls, kind: Denial, detail: str, found: str = "", **where: Any) -> Refusal:
+        return cls([Violation(kind, detail, found or kind.value, **where)])
 
     def error(self, rule_id: str | None) -> SqlDenied:
         first = self.violations[0]
@@ -94,32 +94,32 @@ class _Refusal(Exception):
         )
 
 
-def _raise(violations: list[_Violation]) -> None:
+def refuse_if_any(violations: list[Violation]) -> None:
     """Refuse with every violation found, the most important first, then in source order."""
     if violations:
         violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
-        raise _Refusal(violations)
+        raise Refusal(violations)
 
 
 # --- where in the text ----------------------------------------------------------------------------
 
 
-def _position(text: str, offset: int) -> dict[str, Any]:
+def position(text: str, offset: int) -> dict[str, Any]:
     """line and col (1-based) of a character offset, and the offset itself for ordering."""
     line = text.count("\n", 0, offset) + 1
     col = offset - (text.rfind("\n", 0, offset) + 1) + 1
     return {"line": line, "col": col, "order": offset}
 
 
-def _where(text: str, node: exp.Expr | None) -> dict[str, Any]:
+def locate(text: str, node: exp.Expr | None) -> dict[str, Any]:
     """line/col/order of a node, from its own source offset or that of its first identifier."""
     for candidate in (node, getattr(node, "this", None)):
         if isinstance(candidate, exp.Expr):
             start = candidate.meta.get("start")
             if isinstance(start, int) and 0 <= start < len(text):
-                return _position(text, start)
+                return position(text, start)
     return {}
 
 
-def _at(where: dict[str, Any]) -> str:
+def at(where: dict[str, Any]) -> str:
     return f" at line {where['line']}, column {where['col']}" if where else ""

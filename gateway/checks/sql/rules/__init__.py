@@ -1,4 +1,8 @@
-"""The rule families a statement is checked against, one module each, run by ``statement.py``.
+"""The rule families a statement is checked against, one module each, run by ``driver``.
+
+Each takes the ``Statement`` under check (``statement``): the ``SqlRules`` it is held to, its
+text and tree, and the sets it records what it found in. No rule imports the driver or the
+policy.
 
 ``statements``  what the statement is and what it contains: kinds, commands, INTO, locks,
                 variables

@@ -19,48 +19,30 @@ from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, walk_in_scope
 
 from gateway.checks.sql.names import TableName, column_key
-from gateway.checks.sql.violations import Denial, _at, _raise, _Violation
+from gateway.checks.sql.violations import Denial, Violation, at, refuse_if_any
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 _Sources = Mapping[str, exp.Table | Scope]
 
 
 def check_columns(
-    check: _StatementCheck, tree: exp.Expr, scopes: list[Scope], real: list[exp.Table]
+    statement: Statement, tree: exp.Expr, scopes: list[Scope], real: list[exp.Table]
 ) -> None:
     """No denied column is read or written; records the columns that could be resolved."""
-    denied_any = bool(check.policy.deny_columns)
-    owner: dict[int, Scope] = {}
-    for scope in scopes:
-        for node in walk_in_scope(scope.expression):
-            if isinstance(node, exp.Column | exp.Star | exp.Join):
-                owner.setdefault(id(node), scope)
+    denied_any = bool(statement.rules.deny_columns)
+    owner = _owners(scopes)
     # Sources seen by nodes outside any scope (the body of an INSERT/UPDATE/DELETE).
     top: dict[str, exp.Table | Scope] = {t.alias_or_name: t for t in real}
-    violations: list[_Violation] = []
-    if denied_any:
-        for table in real:
-            alias = table.args.get("alias")
-            if isinstance(alias, exp.TableAlias) and alias.columns and _denied_for(check, table):
-                # FROM customers AS c(a, b, c, s) renames ssn: its new name is not denied.
-                violations.append(
-                    _Violation(
-                        Denial.COLUMN,
-                        f"{table.name} has denied column(s) and cannot be given column "
-                        f"aliases ({alias.sql(dialect=check.dialect)[:80]})",
-                        alias.name or table.name,
-                        **check.where(alias),
-                    )
-                )
+    violations = _column_aliases(statement, real) if denied_any else []
     for node in tree.walk():
         if isinstance(node, exp.Column):
             if isinstance(node.this, exp.Star):
                 if denied_any:
-                    violations.extend(_star(check, node, owner.get(id(node)), top))
+                    violations.extend(_star(statement, node, owner.get(id(node)), top))
                 continue
-            problem = _column(check, node, owner.get(id(node)), top, denied_any)
+            problem = _column(statement, node, owner.get(id(node)), top, denied_any)
             if problem is not None:
                 violations.append(problem)
         elif isinstance(node, exp.Star) and denied_any:
@@ -68,26 +50,54 @@ def check_columns(
                 continue  # t.* is handled with its column; COUNT(*) reads no column
             if _under_exists(node):
                 continue  # EXISTS (SELECT * ...) returns no column
-            violations.extend(_star(check, node, owner.get(id(node)), top))
+            violations.extend(_star(statement, node, owner.get(id(node)), top))
         elif isinstance(node, exp.Join) and denied_any:
-            violations.extend(_join(check, node, owner.get(id(node)), top))
+            violations.extend(_join(statement, node, owner.get(id(node)), top))
         elif isinstance(node, exp.Insert) and denied_any:
-            violations.extend(_insert(check, node))
-    _raise(violations)
+            violations.extend(_insert(statement, node))
+    refuse_if_any(violations)
 
 
-def _denied_for(check: _StatementCheck, table: exp.Table) -> frozenset[str]:
+def _owners(scopes: list[Scope]) -> dict[int, Scope]:
+    """The scope of each column, star and join (by id): the first whose own walk reaches it."""
+    owner: dict[int, Scope] = {}
+    for scope in scopes:
+        for node in walk_in_scope(scope.expression):
+            if isinstance(node, exp.Column | exp.Star | exp.Join):
+                owner.setdefault(id(node), scope)
+    return owner
+
+
+def _column_aliases(statement: Statement, real: list[exp.Table]) -> list[Violation]:
+    """FROM customers AS c(a, b, c, s) renames ssn: its new name is not denied."""
+    out: list[Violation] = []
+    for table in real:
+        alias = table.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns and _denied_for(statement, table):
+            out.append(
+                Violation(
+                    Denial.COLUMN,
+                    f"{table.name} has denied column(s) and cannot be given column "
+                    f"aliases ({alias.sql(dialect=statement.dialect)[:80]})",
+                    alias.name or table.name,
+                    **statement.where(alias),
+                )
+            )
+    return out
+
+
+def _denied_for(statement: Statement, table: exp.Table) -> frozenset[str]:
     name = TableName(table.catalog, table.db, table.name)
-    return check.policy.deny_columns.get(check.policy.canonical(name), frozenset())
+    return statement.rules.deny_columns.get(statement.rules.canonical(name), frozenset())
 
 
-def _schema_for(check: _StatementCheck, table: exp.Table) -> frozenset[str] | None:
+def _schema_for(statement: Statement, table: exp.Table) -> frozenset[str] | None:
     name = TableName(table.catalog, table.db, table.name)
-    return check.policy.schema.get(check.policy.canonical(name))
+    return statement.rules.schema.get(statement.rules.canonical(name))
 
 
-def _denied_anywhere(check: _StatementCheck, name: str) -> bool:
-    return name in check.policy.denied_names
+def _denied_anywhere(statement: Statement, name: str) -> bool:
+    return name in statement.rules.denied_names
 
 
 def _chain(scope: Scope | None, top: _Sources) -> Iterator[_Sources]:
@@ -105,32 +115,32 @@ def _lookup(alias: str, scope: Scope | None, top: _Sources) -> exp.Table | Scope
 
 
 def _column(
-    check: _StatementCheck,
+    statement: Statement,
     column: exp.Column,
     scope: Scope | None,
     top: _Sources,
     denied_any: bool,
-) -> _Violation | None:
-    name = column_key(column.name, check.dialect)
+) -> Violation | None:
+    name = column_key(column.name, statement.dialect)
     if column.table:
         source = _lookup(column.table, scope, top)
         if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
-            table = check.policy.canonical(TableName(source.catalog, source.db, source.name))
-            check.columns.add(f"{table}.{name}")
-            if name in _denied_for(check, source):
-                where = check.where(column)
-                return _Violation(
+            table = statement.rules.canonical(TableName(source.catalog, source.db, source.name))
+            statement.columns.add(f"{table}.{name}")
+            if name in _denied_for(statement, source):
+                where = statement.where(column)
+                return Violation(
                     Denial.COLUMN,
-                    f"the column {source.name}.{name}{_at(where)} is denied by the rule",
+                    f"the column {source.name}.{name}{at(where)} is denied by the rule",
                     f"{source.name}.{name}",
                     **where,
                 )
             return None
-        if source is None and denied_any and _denied_anywhere(check, name):
-            where = check.where(column)
-            return _Violation(
+        if source is None and denied_any and _denied_anywhere(statement, name):
+            where = statement.where(column)
+            return Violation(
                 Denial.COLUMN,
-                f"the column {column.table}.{name}{_at(where)} cannot be resolved to a "
+                f"the column {column.table}.{name}{at(where)} cannot be resolved to a "
                 "table, and a column of that name is denied",
                 f"{column.table}.{name}",
                 **where,
@@ -139,8 +149,8 @@ def _column(
     if scope is not None and len(scope.sources) == 1:
         only = next(iter(scope.sources.values()))
         if isinstance(only, exp.Table) and isinstance(only.this, exp.Identifier):
-            table = check.policy.canonical(TableName(only.catalog, only.db, only.name))
-            check.columns.add(f"{table}.{name}")
+            table = statement.rules.canonical(TableName(only.catalog, only.db, only.name))
+            statement.columns.add(f"{table}.{name}")
     if not denied_any:
         return None
     # A table or alias used as a value is the whole row (PostgreSQL: SELECT c FROM t c),
@@ -148,25 +158,25 @@ def _column(
     source = _lookup(name, scope, top)
     if (
         isinstance(source, exp.Table)
-        and _denied_for(check, source)
-        and name not in (_schema_for(check, source) or ())
+        and _denied_for(statement, source)
+        and name not in (_schema_for(statement, source) or ())
     ):
-        where = check.where(column)
-        return _Violation(
+        where = statement.where(column)
+        return Violation(
             Denial.COLUMN,
-            f"{name}{_at(where)} refers to whole rows of {source.name}, which include a "
+            f"{name}{at(where)} refers to whole rows of {source.name}, which include a "
             "denied column",
             name,
             **where,
         )
-    if not _denied_anywhere(check, name):
+    if not _denied_anywhere(statement, name):
         return None
-    for candidate in _candidates(check, name, scope, top):
-        if name in _denied_for(check, candidate):
-            where = check.where(column)
-            return _Violation(
+    for candidate in _candidates(statement, name, scope, top):
+        if name in _denied_for(statement, candidate):
+            where = statement.where(column)
+            return Violation(
                 Denial.COLUMN,
-                f"the column {name}{_at(where)} may be {candidate.name}.{name}, which is "
+                f"the column {name}{at(where)} may be {candidate.name}.{name}, which is "
                 "denied by the rule",
                 f"{candidate.name}.{name}",
                 **where,
@@ -175,7 +185,7 @@ def _column(
 
 
 def _candidates(
-    check: _StatementCheck, name: str, scope: Scope | None, top: _Sources
+    statement: Statement, name: str, scope: Scope | None, top: _Sources
 ) -> Iterator[exp.Table]:
     """Real tables an unqualified column could come from, innermost scope first.
 
@@ -186,13 +196,13 @@ def _candidates(
         certain = False
         for source in sources.values():
             if isinstance(source, Scope):
-                outputs = _outputs(source, check.dialect)
+                outputs = _outputs(source, statement.dialect)
                 if outputs is not None and name in outputs:
                     certain = True
                 continue
             if not isinstance(source.this, exp.Identifier):
                 continue
-            columns = _schema_for(check, source)
+            columns = _schema_for(statement, source)
             if columns is None:
                 yield source  # unknown columns: it may have this one
             elif name in columns:
@@ -203,23 +213,23 @@ def _candidates(
 
 
 def _star(
-    check: _StatementCheck, star: exp.Expr, scope: Scope | None, top: _Sources
-) -> list[_Violation]:
-    where = check.where(star)
+    statement: Statement, star: exp.Expr, scope: Scope | None, top: _Sources
+) -> list[Violation]:
+    where = statement.where(star)
     if isinstance(star, exp.Column) and star.table:
         found = _lookup(star.table, scope, top)
         covered = [found] if found is not None else list(top.values())
     else:
         sources = scope.sources if scope is not None else top
         covered = list(sources.values())
-    out: list[_Violation] = []
+    out: list[Violation] = []
     for source in covered:
-        if isinstance(source, exp.Table) and _denied_for(check, source):
-            denied = ", ".join(sorted(_denied_for(check, source)))
+        if isinstance(source, exp.Table) and _denied_for(statement, source):
+            denied = ", ".join(sorted(_denied_for(statement, source)))
             out.append(
-                _Violation(
+                Violation(
                     Denial.COLUMN,
-                    f"* over {source.name}{_at(where)} includes the denied column(s) "
+                    f"* over {source.name}{at(where)} includes the denied column(s) "
                     f"{denied}; name the columns instead",
                     f"{source.name}.*",
                     **where,
@@ -229,39 +239,41 @@ def _star(
 
 
 def _join(
-    check: _StatementCheck, join: exp.Join, scope: Scope | None, top: _Sources
-) -> list[_Violation]:
+    statement: Statement, join: exp.Join, scope: Scope | None, top: _Sources
+) -> list[Violation]:
     sources = scope.sources if scope is not None else top
-    guarded = [s for s in sources.values() if isinstance(s, exp.Table) and _denied_for(check, s)]
+    guarded = [
+        s for s in sources.values() if isinstance(s, exp.Table) and _denied_for(statement, s)
+    ]
     if not guarded:
         return []
-    out: list[_Violation] = []
+    out: list[Violation] = []
     if str(join.args.get("method") or "").upper() == "NATURAL":
         out.append(
-            _Violation(
+            Violation(
                 Denial.COLUMN,
                 f"NATURAL JOIN compares every same-named column, including the denied "
                 f"column(s) of {guarded[0].name}; join ON named columns instead",
                 "natural join",
-                **check.where(join.this),
+                **statement.where(join.this),
             )
         )
     for ident in join.args.get("using") or []:
-        name = column_key(ident.name, check.dialect)
+        name = column_key(ident.name, statement.dialect)
         for table in guarded:
-            if name in _denied_for(check, table):
+            if name in _denied_for(statement, table):
                 out.append(
-                    _Violation(
+                    Violation(
                         Denial.COLUMN,
                         f"JOIN ... USING ({name}) compares the denied column {table.name}.{name}",
                         f"{table.name}.{name}",
-                        **check.where(ident),
+                        **statement.where(ident),
                     )
                 )
     return out
 
 
-def _insert(check: _StatementCheck, insert: exp.Insert) -> list[_Violation]:
+def _insert(statement: Statement, insert: exp.Insert) -> list[Violation]:
     target = insert.this
     names: list[exp.Expr] | None = None
     if isinstance(target, exp.Schema):
@@ -269,28 +281,28 @@ def _insert(check: _StatementCheck, insert: exp.Insert) -> list[_Violation]:
         target = target.this
     if not isinstance(target, exp.Table):
         return []
-    denied = _denied_for(check, target)
+    denied = _denied_for(statement, target)
     if not denied:
         return []
     if names is None:
         return [
-            _Violation(
+            Violation(
                 Denial.COLUMN,
                 f"an INSERT into {target.name} without a column list writes its denied "
                 "column(s); list the columns",
                 f"{target.name}.*",
-                **check.where(target),
+                **statement.where(target),
             )
         ]
     return [
-        _Violation(
+        Violation(
             Denial.COLUMN,
             f"the INSERT writes the denied column {target.name}.{n.name}",
             f"{target.name}.{n.name}",
-            **check.where(n),
+            **statement.where(n),
         )
         for n in names
-        if column_key(n.name, check.dialect) in denied
+        if column_key(n.name, statement.dialect) in denied
     ]
 
 

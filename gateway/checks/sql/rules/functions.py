@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from gateway.checks.sql.violations import Denial, _at, _Violation
+from gateway.checks.sql.violations import Denial, Violation, at
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 # sqlglot classes built from syntax rather than a name followed by '(' (CAST(x AS t), x::t,
 # CASE, EXTRACT(y FROM x), x ~ 'r', a -> 'k', ARRAY[...], EXISTS (...)): they carry no source
@@ -45,7 +45,7 @@ _SAFE_OPERATORS = frozenset(
 )  # fmt: skip
 
 
-def function_name(check: _StatementCheck, node: exp.Func) -> tuple[str, bool]:
+def function_name(statement: Statement, node: exp.Func) -> tuple[str, bool]:
     """(name as the database resolves it, whether it came from the source text)."""
     quoted = False
     if isinstance(node, _OPERATOR_BASES):
@@ -58,32 +58,32 @@ def function_name(check: _StatementCheck, node: exp.Func) -> tuple[str, bool]:
     else:
         start, end = node.meta.get("start"), node.meta.get("end")
         if isinstance(start, int) and isinstance(end, int):
-            if start in check.parsed.quoted:
-                name, quoted = check.parsed.quoted[start], True
+            if start in statement.parsed.quoted:
+                name, quoted = statement.parsed.quoted[start], True
             else:
-                name = check.text[start : end + 1]
+                name = statement.text[start : end + 1]
             from_text = True
         else:
             name, from_text = node.key, False
-    if quoted and check.dialect == "postgres":
+    if quoted and statement.dialect == "postgres":
         return name, from_text  # a quoted name is exact in PostgreSQL: "LOWER" is not lower
     return name.lower(), from_text
 
 
-def function_problem(check: _StatementCheck, node: exp.Func) -> _Violation | None:
+def function_problem(statement: Statement, node: exp.Func) -> Violation | None:
     """The function is allowed by the rule, called by its plain name (not schema-qualified)."""
-    name, from_text = function_name(check, node)
+    name, from_text = function_name(statement, node)
     parent = node.parent
     if isinstance(parent, exp.Dot) and parent.expression is node:
-        where = check.where(node)
-        qualifier = parent.this.sql(dialect=check.dialect)
-        return _Violation(
+        where = statement.where(node)
+        qualifier = parent.this.sql(dialect=statement.dialect)
+        return Violation(
             Denial.FUNCTION,
-            f"the schema-qualified function {qualifier}.{name}(){_at(where)} is not allowed",
+            f"the schema-qualified function {qualifier}.{name}(){at(where)} is not allowed",
             f"{qualifier}.{name}",
             **where,
         )
-    allowed = check.policy.functions
+    allowed = statement.rules.functions
     if isinstance(node, _OPERATOR_BASES):
         ok = node.key in _SAFE_OPERATORS
     elif from_text:
@@ -93,12 +93,12 @@ def function_problem(check: _StatementCheck, node: exp.Func) -> _Violation | Non
         ok = node.key in _SYNTAX_FUNCTIONS or not names.isdisjoint(allowed)
     if ok:
         return None
-    where = check.where(node)
+    where = statement.where(node)
     as_source = isinstance(parent, exp.Table)
     what = "table function" if as_source else "function"
-    return _Violation(
+    return Violation(
         Denial.FUNCTION,
-        f"the {what} {name}(){_at(where)} is not on the rule's list of allowed functions",
+        f"the {what} {name}(){at(where)} is not on the rule's list of allowed functions",
         name,
         **where,
     )

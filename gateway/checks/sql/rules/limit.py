@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from gateway.checks.sql.rules.statements import _QUERY_ROOTS
-from gateway.checks.sql.violations import Denial, _Refusal
+from gateway.checks.sql.rules.statements import QUERY_ROOTS
+from gateway.checks.sql.violations import Denial, Refusal
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 _DIGITS = re.compile(r"[0-9]+")
 
 
-def check_limit(check: _StatementCheck) -> bool:
+def check_limit(statement: Statement) -> bool:
     """True when the outermost query has no LIMIT and one is required."""
-    maximum = check.policy.max_limit
-    node = check.root
-    if maximum is None or not isinstance(node, _QUERY_ROOTS):
+    maximum = statement.rules.max_limit
+    node = statement.root
+    if maximum is None or not isinstance(node, QUERY_ROOTS):
         return False
     limit = node.args.get("limit")
     while limit is None and isinstance(node, exp.Subquery):
@@ -32,12 +32,12 @@ def check_limit(check: _StatementCheck) -> bool:
         limit = node.args.get("limit")
     if limit is None:
         return True
-    where = check.where(limit)
+    where = statement.where(limit)
     count: exp.Expr | None
     if isinstance(limit, exp.Fetch):
         options = limit.args.get("limit_options")
         if options is not None and (options.args.get("percent") or options.args.get("with_ties")):
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.LIMIT,
                 "FETCH ... PERCENT / WITH TIES can return more rows than the rule allows",
                 "fetch",
@@ -55,15 +55,15 @@ def check_limit(check: _StatementCheck) -> bool:
         and not count.is_string
         and _DIGITS.fullmatch(str(count.this))
     ):
-        shown = count.sql(dialect=check.dialect)[:40] if count is not None else "?"
-        raise _Refusal.of(
+        shown = count.sql(dialect=statement.dialect)[:40] if count is not None else "?"
+        raise Refusal.of(
             Denial.LIMIT,
             f"LIMIT {shown} is not a literal integer; the rule requires LIMIT <= {maximum}",
             shown,
             **where,
         )
     if int(str(count.this)) > maximum:
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.LIMIT,
             f"LIMIT {count.this} is above the rule's maximum of {maximum}",
             str(count.this),

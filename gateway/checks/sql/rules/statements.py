@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from gateway.checks.sql.options import SqlFamily, SqlKind
-from gateway.checks.sql.violations import Denial, _at, _Refusal, _Violation
+from gateway.checks.sql.violations import Denial, Refusal, Violation, at
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 # Statement classes that may be allowed, by kind. exp.Insert is also a DDL subclass in sqlglot.
 _KIND_OF: dict[type[exp.Expr], SqlKind] = {
@@ -29,7 +29,7 @@ _KIND_OF: dict[type[exp.Expr], SqlKind] = {
     exp.Alter: SqlKind.ALTER,
     exp.TruncateTable: SqlKind.TRUNCATE,
 }
-_QUERY_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery)
+QUERY_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery)
 
 # Utility statements that are never allowed, wherever they appear. Looked up by name so a
 # class missing from another sqlglot version is simply skipped; anything else that is a DDL or
@@ -45,7 +45,7 @@ _UTILITY: tuple[type[exp.Expr], ...] = tuple(
 )
 
 # Node classes ``inspect_problem`` has something to say about (the driver asks only for these).
-_INSPECTED: tuple[type[exp.Expr], ...] = (
+INSPECTED: tuple[type[exp.Expr], ...] = (
     *_UTILITY,
     *_KIND_OF,
     exp.DDL,
@@ -57,90 +57,90 @@ _INSPECTED: tuple[type[exp.Expr], ...] = (
 )
 
 
-def check_root(check: _StatementCheck) -> None:
+def check_root(statement: Statement) -> None:
     """The statement itself is one of the allowed kinds (a query is a SELECT)."""
-    root = check.root
+    root = statement.root
     if isinstance(root, exp.Command):
         name = str(root.this or "command").upper()
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.COMMAND,
             f"{name} is a statement the gateway cannot inspect (sqlglot keeps its body "
             "opaque); it is never allowed",
             name.lower(),
         )
     if isinstance(root, _UTILITY):
-        raise _Refusal.of(
+        raise Refusal.of(
             Denial.COMMAND,
             f"a {root.key.upper()} statement is never allowed through this rule",
             root.key,
         )
-    if isinstance(root, _QUERY_ROOTS):
+    if isinstance(root, QUERY_ROOTS):
         if isinstance(root, exp.Subquery) and not isinstance(root.unnest(), exp.Query):
-            raise _Refusal.of(Denial.STATEMENT, "the SQL is not a statement", root.key)
+            raise Refusal.of(Denial.STATEMENT, "the SQL is not a statement", root.key)
         kind = SqlKind.SELECT
     else:
         found = _KIND_OF.get(type(root))
         if found is None:
-            raise _Refusal.of(
+            raise Refusal.of(
                 Denial.STATEMENT,
                 f"the SQL is not a statement the rule can allow (it parses as "
                 f"{type(root).__name__}); check the spelling of the keywords",
                 root.key,
             )
         kind = found
-    check.kinds.add(kind.value)
-    if kind not in check.policy.statements:
-        raise _Refusal.of(
+    statement.kinds.add(kind.value)
+    if kind not in statement.rules.statements:
+        raise Refusal.of(
             Denial.STATEMENT,
             f"{kind.value.upper()} statements are not allowed by the rule "
-            f"(allowed: {', '.join(sorted(check.policy.statements))})",
+            f"(allowed: {', '.join(sorted(statement.rules.statements))})",
             kind.value,
         )
 
 
-def inspect_problem(check: _StatementCheck, node: exp.Expr) -> _Violation | None:
+def inspect_problem(statement: Statement, node: exp.Expr) -> Violation | None:
     """A node below the root that is a statement, INTO, a locking clause or a variable."""
-    allow = check.policy.allow
+    allow = statement.rules.allow
     if isinstance(node, _UTILITY):  # exp.Command is one of them
-        where = check.where(node)
-        return _Violation(
+        where = statement.where(node)
+        return Violation(
             Denial.COMMAND,
-            f"a {node.key.upper()} statement inside the SQL{_at(where)} is never allowed",
+            f"a {node.key.upper()} statement inside the SQL{at(where)} is never allowed",
             node.key,
             **where,
         )
     kind = _KIND_OF.get(type(node))
     if kind is not None:
-        check.kinds.add(kind.value)
-        if kind in check.policy.statements:
+        statement.kinds.add(kind.value)
+        if kind in statement.rules.statements:
             return None
-        where = check.where(node)
-        return _Violation(
+        where = statement.where(node)
+        return Violation(
             Denial.STATEMENT,
             f"a {kind.value.upper()} nested inside the statement (in a CTE or a "
-            f"subquery){_at(where)} is not allowed by the rule",
+            f"subquery){at(where)} is not allowed by the rule",
             kind.value,
             **where,
         )
     if isinstance(node, exp.DDL | exp.DML):
-        where = check.where(node)
-        return _Violation(
+        where = statement.where(node)
+        return Violation(
             Denial.COMMAND,
-            f"a {node.key.upper()} inside the SQL{_at(where)} is never allowed",
+            f"a {node.key.upper()} inside the SQL{at(where)} is never allowed",
             node.key,
             **where,
         )
     if isinstance(node, exp.Into) and SqlFamily.INTO not in allow:
-        where = check.where(node.this)
-        return _Violation(
+        where = statement.where(node.this)
+        return Violation(
             Denial.INTO,
-            f"SELECT ... INTO{_at(where)} writes a table or variables; it is not allowed "
+            f"SELECT ... INTO{at(where)} writes a table or variables; it is not allowed "
             "(allow: [into] opts in)",
             "into",
             **where,
         )
     if isinstance(node, exp.Lock) and SqlFamily.LOCKING not in allow:
-        return _Violation(
+        return Violation(
             Denial.LOCK,
             "a locking clause (FOR UPDATE / FOR SHARE / LOCK IN SHARE MODE) is not allowed "
             "(allow: [locking] opts in)",
@@ -150,11 +150,11 @@ def inspect_problem(check: _StatementCheck, node: exp.Expr) -> _Violation | None
         isinstance(node, exp.SessionParameter)
         or (isinstance(node, exp.PropertyEQ) and isinstance(node.this, exp.Parameter))
     ):
-        where = check.where(node.this)
-        return _Violation(
+        where = statement.where(node.this)
+        return Violation(
             Denial.VARIABLE,
-            f"a server or session variable{_at(where)} is not allowed (allow: [variables] opts in)",
-            node.sql(dialect=check.dialect)[:80],
+            f"a server or session variable{at(where)} is not allowed (allow: [variables] opts in)",
+            node.sql(dialect=statement.dialect)[:80],
             **where,
         )
     return None

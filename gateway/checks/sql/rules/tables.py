@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from gateway.checks.sql.names import TableName, _is_catalog
+from gateway.checks.sql.names import TableName, is_catalog
 from gateway.checks.sql.options import SqlFamily
-from gateway.checks.sql.violations import Denial, _at, _raise, _Violation
+from gateway.checks.sql.violations import Denial, Violation, at, refuse_if_any
 
 if TYPE_CHECKING:
-    from gateway.checks.sql.statement import _StatementCheck
+    from gateway.checks.sql.statement import Statement
 
 
-def check_tables(check: _StatementCheck, tree: exp.Expr) -> list[exp.Table]:
+def check_tables(statement: Statement, tree: exp.Expr) -> list[exp.Table]:
     """Every table named is allowed; returns the real tables (not CTE references)."""
-    policy = check.policy
+    rules = statement.rules
     real: list[exp.Table] = []
-    violations: list[_Violation] = []
+    violations: list[Violation] = []
     for table in tree.find_all(exp.Table):
         if _is_cte_reference(table):
             continue  # a reference to a CTE, whose own body is checked where it is defined
@@ -38,48 +38,48 @@ def check_tables(check: _StatementCheck, tree: exp.Expr) -> list[exp.Table]:
             continue  # a table function: checked as a function
         if isinstance(this, exp.Parameter | exp.Placeholder) and isinstance(table.parent, exp.Into):
             continue  # INTO @variable: refused (or allowed) as INTO
-        where = check.where(table)
+        where = statement.where(table)
         if not isinstance(this, exp.Identifier):
             violations.append(
-                _Violation(
+                Violation(
                     Denial.TABLE,
-                    f"the source {table.sql(dialect=check.dialect)[:80]}{_at(where)} is not "
+                    f"the source {table.sql(dialect=statement.dialect)[:80]}{at(where)} is not "
                     "a plain table name",
-                    table.sql(dialect=check.dialect)[:80],
+                    table.sql(dialect=statement.dialect)[:80],
                     **where,
                 )
             )
             continue
         name = TableName(table.catalog, table.db, table.name)
-        canon = policy.canonical(name)
-        if _is_catalog(name, check.dialect):
-            if SqlFamily.SYSTEM_CATALOGS in policy.allow:
+        canon = rules.canonical(name)
+        if is_catalog(name, statement.dialect):
+            if SqlFamily.SYSTEM_CATALOGS in rules.allow:
                 real.append(table)
-                check.tables.add(str(name))
+                statement.tables.add(str(name))
                 continue
             violations.append(
-                _Violation(
+                Violation(
                     Denial.CATALOG,
-                    f"the system catalog {name}{_at(where)} is not allowed",
+                    f"the system catalog {name}{at(where)} is not allowed",
                     str(name),
                     **where,
                 )
             )
             continue
-        if canon not in policy.tables:
+        if canon not in rules.tables:
             violations.append(
-                _Violation(
+                Violation(
                     Denial.TABLE,
-                    f"the table {name}{_at(where)} is not in the rule's tables "
-                    f"({', '.join(sorted(str(t) for t in policy.tables))})",
+                    f"the table {name}{at(where)} is not in the rule's tables "
+                    f"({', '.join(sorted(str(t) for t in rules.tables))})",
                     str(name),
                     **where,
                 )
             )
             continue
         real.append(table)
-        check.tables.add(str(canon))
-    _raise(violations)
+        statement.tables.add(str(canon))
+    refuse_if_any(violations)
     return real
 
 

@@ -1299,6 +1299,78 @@ def scan_audit(path: Path) -> AuditScan:
 
 def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     env = environment()
+    _log_environment(env, log)
+    pinning = _pinning(args, log)
+    tool = _load_tool(args, log)
+    conns: list[int] = args.connections
+
+    tmp = Path(tempfile.mkdtemp(prefix="capgate-bench-"))
+    procs = Processes(tmp)
+    gen = LoadGenerator(tool, pinning, tmp)
+    run = _Run(gen, procs, conns, args.duration, log)
+    try:
+        ctx, upstream_pid = _start_upstream(tmp, procs, pinning, log)
+        _measure_direct(run, ctx, upstream_pid)
+        _measure_bare_proxy(run, ctx)
+        wanted = set(args.scenarios) if args.scenarios else None
+        for sc in SCENARIOS:
+            if wanted is not None and sc.name not in wanted:
+                continue
+            _measure_scenario(run, ctx, sc)
+    finally:
+        procs.stop_all()
+        if args.keep_tmp:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    tgts, rats = _report(run, log)
+    env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    log(f"load average at start {env['loadavg_at_start']}, at end {env['loadavg_at_end']}")
+    return {
+        "environment": env,
+        "pinning": dataclasses.asdict(pinning),
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": WARMUP_SECONDS,
+            "connections": conns,
+            "loadgen": gen.label,
+        },
+        "results": [dataclasses.asdict(r) for r in run.results],
+        "targets": tgts,
+        "processes": [dataclasses.asdict(f) for f in run.figures],
+        "ratios": rats,
+        "notes": run.notes,
+    }
+
+
+@dataclass
+class _Run:
+    """What the measurements of one bench run share, and what they collect."""
+
+    gen: LoadGenerator
+    procs: Processes
+    conns: list[int]
+    duration: int
+    log: Callable[[str], None]
+    results: list[Result] = field(default_factory=list)
+    figures: list[ProcessFigures] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def target(self, target: Target) -> None:
+        """Check ``target`` answers, then measure it at each connection count."""
+        check_once(target)
+        for c in self.conns:
+            r = measure(self.gen, target, c, self.duration, self.log)
+            self.procs.check_alive()
+            self.log(
+                f"  {target.name:<20} c={c:<3} {r.rps:>9.1f} req/s  p50 {r.p50_ms:.3f} ms"
+                f"  p99 {r.p99_ms:.3f} ms"
+            )
+            self.results.append(r)
+
+
+def _log_environment(env: dict[str, Any], log: Callable[[str], None]) -> None:
     log(
         f"capgate bench: python {env['python']} ({env['implementation']}), "
         f"aiohttp {env['aiohttp']}, multidict {env['multidict']}, yarl {env['yarl']}"
@@ -1320,6 +1392,10 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
             "processes compete for the CPUs, so req/s and latencies are noisy. The 'srv CPU "
             "us/req' column is less affected."
         )
+
+
+def _pinning(args: argparse.Namespace, log: Callable[[str], None]) -> Pinning:
+    """CPU pinning (unless --no-pin) and the niceness (--nice) of the bench's processes."""
     pinning = Pinning.detect(enabled=not args.no_pin)
     if args.nice:
         if args.nice < 0 and os.geteuid() != 0:
@@ -1328,186 +1404,191 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         log(f"nice: the bench's processes run at niceness {args.nice} (--nice)")
     for line in pinning.describe():
         log(line)
+    return pinning
+
+
+def _load_tool(args: argparse.Namespace, log: Callable[[str], None]) -> str:
+    """The load generator: the path of wrk, or "python" for ``bench.loadgen``."""
     wrk = shutil.which("wrk")
     if args.loadgen == "wrk" and wrk is None:
         raise BenchError("--loadgen wrk: wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
     if args.loadgen == "python" or wrk is None:
-        tool = "python"
         why = "forced by --loadgen python" if args.loadgen == "python" else "wrk not found"
         log(
             f"load generator: bench.loadgen (asyncio, raw sockets, keep-alive) -- {why}; "
             "it saturates far below wrk, so high-connection req/s are floors"
         )
-    else:
-        tool = wrk
-        log(
-            f"load generator: {wrk} -t1 (one thread), {WARMUP_SECONDS}s warm-up then "
-            f"{args.duration}s per measurement"
-        )
-    conns: list[int] = args.connections
+        return "python"
+    log(
+        f"load generator: {wrk} -t1 (one thread), {WARMUP_SECONDS}s warm-up then "
+        f"{args.duration}s per measurement"
+    )
+    return wrk
 
-    tmp = Path(tempfile.mkdtemp(prefix="capgate-bench-"))
-    procs = Processes(tmp)
-    gen = LoadGenerator(tool, pinning, tmp)
-    results: list[Result] = []
-    figures: list[ProcessFigures] = []
-    notes: list[str] = []
+
+def _start_upstream(
+    tmp: Path, procs: Processes, pinning: Pinning, log: Callable[[str], None]
+) -> tuple[Context, int]:
+    """The workspace and the upstream process: the scenarios' context and the upstream's pid."""
+    ws = prepare_workspace(tmp / "ws")
+    _, up = procs.start(
+        "upstream",
+        [sys.executable, "-m", "bench.upstream", "--port", "0"],
+        env={"BENCH_UPSTREAM_TOKEN": ws.metrics_token},
+        prefix=pinning.prefix(pinning.client_cpu),
+        ready="bench-upstream",
+    )
+    upstream_url, upstream_pid = up["url"], int(up["pid"])
+    ctx = Context(tmp=tmp, procs=procs, pinning=pinning, upstream_url=upstream_url, ws=ws)
+    log(f"upstream: {upstream_url} (pid {upstream_pid}, checks the bearer credential)")
+    return ctx, upstream_pid
+
+
+def _measure_direct(run: _Run, ctx: Context, upstream_pid: int) -> None:
+    """direct: the upstream itself, moved to the server CPU while it is the target."""
+    pinning = ctx.pinning
+    pinning.move(upstream_pid, pinning.server_cpu)
     try:
-        ws = prepare_workspace(tmp / "ws")
-        _, up = procs.start(
-            "upstream",
-            [sys.executable, "-m", "bench.upstream", "--port", "0"],
-            env={"BENCH_UPSTREAM_TOKEN": ws.metrics_token},
-            prefix=pinning.prefix(pinning.client_cpu),
-            ready="bench-upstream",
-        )
-        upstream_url, upstream_pid = up["url"], int(up["pid"])
-        ctx = Context(tmp=tmp, procs=procs, pinning=pinning, upstream_url=upstream_url, ws=ws)
-        log(f"upstream: {upstream_url} (pid {upstream_pid}, checks the bearer credential)")
-
-        def run_target(target: Target) -> None:
-            check_once(target)
-            for c in conns:
-                r = measure(gen, target, c, args.duration, log)
-                procs.check_alive()
-                log(
-                    f"  {target.name:<20} c={c:<3} {r.rps:>9.1f} req/s  p50 {r.p50_ms:.3f} ms"
-                    f"  p99 {r.p99_ms:.3f} ms"
-                )
-                results.append(r)
-
-        # direct: the upstream itself, moved to the server CPU while it is the target.
-        pinning.move(upstream_pid, pinning.server_cpu)
-        try:
-            run_target(
-                Target(
-                    "direct",
-                    "direct",
-                    upstream_url + UPSTREAM_PATH,
-                    (f"Bearer {ws.metrics_token}",),
-                    upstream_pid,
-                )
-            )
-        finally:
-            pinning.move(upstream_pid, pinning.client_cpu)
-
-        bare, ready = procs.start(
-            "bare-proxy",
-            [sys.executable, "-m", "bench.bare_proxy", "--upstream", upstream_url, "--port", "0"],
-            prefix=pinning.prefix(pinning.server_cpu),
-            ready="bench-bare-proxy",
-        )
-        log(f"bare proxy: {ready['url']} (pid {bare.pid})")
-        run_target(
+        run.target(
             Target(
-                "bare-proxy",
-                "bare",
-                ready["url"] + UPSTREAM_PATH,
-                (f"Bearer {ws.metrics_token}",),
-                bare.pid,
+                "direct",
+                "direct",
+                ctx.upstream_url + UPSTREAM_PATH,
+                (f"Bearer {ctx.ws.metrics_token}",),
+                upstream_pid,
             )
         )
-        procs.stop(bare)
-
-        wanted = set(args.scenarios) if args.scenarios else None
-        for sc in SCENARIOS:
-            if wanted is not None and sc.name not in wanted:
-                continue
-            if sc.setup is not None:
-                sc.setup(ctx)
-            sdir = tmp / sc.name
-            sdir.mkdir()
-            policy = sdir / "policy.yaml"
-            policy.write_text(sc.policy(ctx))
-            sws = dataclasses.replace(ws, policy=policy)
-            audit = sdir / "audit.jsonl"
-            argv = [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                *sws.serve_args(0, audit),
-                "--shutdown-grace",
-                "2s",
-                *sc.serve_args(ctx),
-            ]
-            cap, ready = procs.start(
-                sc.name,
-                argv,
-                env={**ws.environ(), **sc.env(ctx)},
-                prefix=pinning.prefix(pinning.server_cpu),
-                ready="capgate",
-            )
-            pid = int(ready.get("pid", cap.pid))  # the process that printed the line
-            fig = ProcessFigures(sc.name, pid, cap.ready_s)
-            figures.append(fig)
-            log(
-                f"{sc.name}: {ready['url']} (pid {pid}, state {ready.get('state')}, ready in "
-                f"{cap.ready_s:.3f} s) -- {sc.description}"
-            )
-            time.sleep(IDLE_SETTLE_SECONDS)
-            fig.rss_idle_kib = memory_kib(pid).get("VmRSS")
-            tokens = [
-                f"Bearer {sws.token(agent, list(sc.roles), ttl=1800, run='bench')}"
-                for agent in sc.agents
-            ]
-            target = Target(
-                sc.name,
-                "capgate",
-                ready["url"] + sc.path,
-                tuple(tokens),
-                pid,
-                method=sc.method,
-                body=sc.body,
-                body_seq=(
-                    BodySequence.from_template(sc.body_template)
-                    if sc.body_template is not None
-                    else None
-                ),
-                content_type=sc.content_type,
-                expect_body=sc.expect_body,
-            )
-            try:
-                run_target(target)
-            except BenchError as exc:
-                raise BenchError(
-                    f"{exc}\n--- {sc.name} stderr (tail) ---\n{cap.stderr_tail() or '(empty)'}"
-                ) from None
-            time.sleep(IDLE_SETTLE_SECONDS)
-            mem = memory_kib(pid)
-            fig.rss_after_kib, fig.peak_rss_kib = mem.get("VmRSS"), mem.get("VmHWM")
-            code = procs.stop(cap)
-            served = sum(r.requests for r in results if r.target == sc.name)
-            seen = scan_audit(audit)
-            checks = "the check call" if len(tokens) == 1 else f"{len(tokens)} check calls"
-            notes.append(
-                f"{sc.name}: exit status {code}; audit lines {seen.lines} "
-                f"(measured requests {served}, plus warm-ups and {checks})"
-            )
-            if seen.lines < served:
-                raise BenchError(f"{sc.name}: {seen.lines} audit lines for {served} requests")
-            if len(sc.agents) > 1:
-                if seen.agents != set(sc.agents):
-                    raise BenchError(
-                        f"{sc.name}: the audit names {len(seen.agents)} agents, not the "
-                        f"{len(sc.agents)} whose tokens were sent"
-                    )
-                notes.append(f"{sc.name}: the audit names all {len(seen.agents)} agents")
-            if target.body_seq is not None:
-                sent = target.body_seq.next - 1
-                notes.append(
-                    f"{sc.name}: {sent} bodies sent, each with its own n (1..{sent}); the audit"
-                    f" shows {seen.sql_distinct} distinct SQL texts in {seen.sql_texts} lines"
-                )
-                if seen.sql_texts and seen.sql_distinct != seen.sql_texts:
-                    raise BenchError(f"{sc.name}: the audit shows a SQL text seen twice")
     finally:
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        pinning.move(upstream_pid, pinning.client_cpu)
 
+
+def _measure_bare_proxy(run: _Run, ctx: Context) -> None:
+    bare, ready = ctx.procs.start(
+        "bare-proxy",
+        [sys.executable, "-m", "bench.bare_proxy", "--upstream", ctx.upstream_url, "--port", "0"],
+        prefix=ctx.pinning.prefix(ctx.pinning.server_cpu),
+        ready="bench-bare-proxy",
+    )
+    run.log(f"bare proxy: {ready['url']} (pid {bare.pid})")
+    run.target(
+        Target(
+            "bare-proxy",
+            "bare",
+            ready["url"] + UPSTREAM_PATH,
+            (f"Bearer {ctx.ws.metrics_token}",),
+            bare.pid,
+        )
+    )
+    ctx.procs.stop(bare)
+
+
+def _measure_scenario(run: _Run, ctx: Context, sc: Scenario) -> None:
+    """Start capgate as ``sc`` says, measure it, stop it, and check its audit file."""
+    procs, pinning, ws, log = ctx.procs, ctx.pinning, ctx.ws, run.log
+    if sc.setup is not None:
+        sc.setup(ctx)
+    sdir = ctx.tmp / sc.name
+    sdir.mkdir()
+    policy = sdir / "policy.yaml"
+    policy.write_text(sc.policy(ctx))
+    sws = dataclasses.replace(ws, policy=policy)
+    audit = sdir / "audit.jsonl"
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        *sws.serve_args(0, audit),
+        "--shutdown-grace",
+        "2s",
+        *sc.serve_args(ctx),
+    ]
+    cap, ready = procs.start(
+        sc.name,
+        argv,
+        env={**ws.environ(), **sc.env(ctx)},
+        prefix=pinning.prefix(pinning.server_cpu),
+        ready="capgate",
+    )
+    pid = int(ready.get("pid", cap.pid))  # the process that printed the line
+    fig = ProcessFigures(sc.name, pid, cap.ready_s)
+    run.figures.append(fig)
+    log(
+        f"{sc.name}: {ready['url']} (pid {pid}, state {ready.get('state')}, ready in "
+        f"{cap.ready_s:.3f} s) -- {sc.description}"
+    )
+    time.sleep(IDLE_SETTLE_SECONDS)
+    fig.rss_idle_kib = memory_kib(pid).get("VmRSS")
+    tokens = [
+        f"Bearer {sws.token(agent, list(sc.roles), ttl=1800, run='bench')}" for agent in sc.agents
+    ]
+    target = Target(
+        sc.name,
+        "capgate",
+        ready["url"] + sc.path,
+        tuple(tokens),
+        pid,
+        method=sc.method,
+        body=sc.body,
+        body_seq=(
+            BodySequence.from_template(sc.body_template) if sc.body_template is not None else None
+        ),
+        content_type=sc.content_type,
+        expect_body=sc.expect_body,
+    )
+    try:
+        run.target(target)
+    except BenchError as exc:
+        raise BenchError(
+            f"{exc}\n--- {sc.name} stderr (tail) ---\n{cap.stderr_tail() or '(empty)'}"
+        ) from None
+    time.sleep(IDLE_SETTLE_SECONDS)
+    mem = memory_kib(pid)
+    fig.rss_after_kib, fig.peak_rss_kib = mem.get("VmRSS"), mem.get("VmHWM")
+    code = procs.stop(cap)
+    served = sum(r.requests for r in run.results if r.target == sc.name)
+    _check_audit(run.notes, sc, target, len(tokens), code, served, scan_audit(audit))
+
+
+def _check_audit(
+    notes: list[str],
+    sc: Scenario,
+    target: Target,
+    token_count: int,
+    code: int | None,
+    served: int,
+    seen: AuditScan,
+) -> None:
+    """Notes on what the scenario's audit file says; a ``BenchError`` if it missed calls."""
+    checks = "the check call" if token_count == 1 else f"{token_count} check calls"
+    notes.append(
+        f"{sc.name}: exit status {code}; audit lines {seen.lines} "
+        f"(measured requests {served}, plus warm-ups and {checks})"
+    )
+    if seen.lines < served:
+        raise BenchError(f"{sc.name}: {seen.lines} audit lines for {served} requests")
+    if len(sc.agents) > 1:
+        if seen.agents != set(sc.agents):
+            raise BenchError(
+                f"{sc.name}: the audit names {len(seen.agents)} agents, not the "
+                f"{len(sc.agents)} whose tokens were sent"
+            )
+        notes.append(f"{sc.name}: the audit names all {len(seen.agents)} agents")
+    if target.body_seq is not None:
+        sent = target.body_seq.next - 1
+        notes.append(
+            f"{sc.name}: {sent} bodies sent, each with its own n (1..{sent}); the audit"
+            f" shows {seen.sql_distinct} distinct SQL texts in {seen.sql_texts} lines"
+        )
+        if seen.sql_texts and seen.sql_distinct != seen.sql_texts:
+            raise BenchError(f"{sc.name}: the audit shows a SQL text seen twice")
+
+
+def _report(
+    run: _Run, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Log the tables, targets, ratios and notes of the run; return (targets, ratios)."""
+    results, figures = run.results, run.figures
     log("")
     for line in _fmt_table(results):
         log(line)
@@ -1516,7 +1597,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         for line in _fmt_processes(figures):
             log(line)
     tgts = targets(results, figures)
-    rats = ratios(results, conns, {s.name: s.baseline for s in SCENARIOS if s.baseline})
+    rats = ratios(results, run.conns, {s.name: s.baseline for s in SCENARIOS if s.baseline})
     log("")
     log(f"Targets (scenario '{TARGET_SCENARIO}', the HTTP rule; a FAIL does not fail the run):")
     width = max(len(t["name"]) for t in tgts)
@@ -1532,25 +1613,9 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     for r in rats:
         note = f"; {r['note']}" if r["note"] else ""
         log(f"info  {r['name']:<{width}} {r['value']:>8} {r['unit']:<3} ({r['detail']}{note})")
-    for n in notes:
+    for n in run.notes:
         log(f"note: {n}")
-    env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    log(f"load average at start {env['loadavg_at_start']}, at end {env['loadavg_at_end']}")
-    return {
-        "environment": env,
-        "pinning": dataclasses.asdict(pinning),
-        "settings": {
-            "duration_s": args.duration,
-            "warmup_s": WARMUP_SECONDS,
-            "connections": conns,
-            "loadgen": gen.label,
-        },
-        "results": [dataclasses.asdict(r) for r in results],
-        "targets": tgts,
-        "processes": [dataclasses.asdict(f) for f in figures],
-        "ratios": rats,
-        "notes": notes,
-    }
+    return tgts, rats
 
 
 def _connections(text: str) -> list[int]:

@@ -423,6 +423,17 @@ class TokenVerifier:
         return claims
 
     def _verify_uncached(self, token: str) -> Claims:
+        # SECURITY: the order of the steps (and of the checks within each) decides which error
+        # a bad token gets; it is: shape, header, claim types, signature (PyJWT), lifetime.
+        header, payload = self._decode_segments(token)
+        kid = self._check_header(header)
+        claims = _typed_claims(payload, kid)
+        self._check_signature(token, kid)
+        self._check_lifetime(claims)
+        return claims
+
+    def _decode_segments(self, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Header and payload of a compact JWS of canonical base64url segments (unverified)."""
         s = self.settings
         if len(token) > s.max_size:
             raise TokenInvalid(f"the token is larger than {s.max_size} bytes")
@@ -432,49 +443,28 @@ class TokenVerifier:
         header = _json_object(_b64url_decode_canonical(parts[0], "header"), "header")
         payload = _json_object(_b64url_decode_canonical(parts[1], "payload"), "payload")
         _b64url_decode_canonical(parts[2], "signature")
+        return header, payload
 
+    def _check_header(self, header: dict[str, Any]) -> str:
+        """The header's ``kid``, after refusing other fields, another ``alg`` or ``typ``."""
         unknown = set(header) - ALLOWED_HEADER_KEYS
         if unknown:
             raise TokenInvalid(
                 f"token header has fields that are not accepted: {sorted(unknown)}",
                 errors=[{"header": k} for k in sorted(unknown)],
             )
-        if header.get("alg") != s.algorithm:
-            raise TokenInvalid(f"token algorithm must be {s.algorithm}")
+        if header.get("alg") != self.settings.algorithm:
+            raise TokenInvalid(f"token algorithm must be {self.settings.algorithm}")
         if header.get("typ") != TOKEN_TYPE:
             raise TokenInvalid(f"token type (typ) must be {TOKEN_TYPE!r}")
         kid = header.get("kid")
         if not isinstance(kid, str) or kid not in self.keyset.keys:
             raise TokenInvalid("token key id (kid) is not in the configured keyset")
+        return kid
 
-        for name in REQUIRED_CLAIMS:
-            if name not in payload:
-                raise TokenInvalid(f"token is missing the {name!r} claim", errors=[{"claim": name}])
-        # Types first: PyJWT would accept some wrong types (e.g. a string exp in old versions).
-        agent = _expect_str(payload, "sub", pattern=AGENT_ID)
-        jti = _expect_str(payload, "jti")
-        issuer = _expect_str(payload, "iss")
-        aud = payload["aud"]
-        audience = (aud,) if isinstance(aud, str) else aud
-        if (
-            not isinstance(audience, list | tuple)
-            or not audience
-            or not all(isinstance(a, str) for a in audience)
-        ):
-            raise TokenInvalid(
-                "claim 'aud' must be a string or a list of strings", errors=[{"claim": "aud"}]
-            )
-        iat = _expect_time(payload, "iat")
-        nbf = _expect_time(payload, "nbf")
-        exp = _expect_time(payload, "exp")
-        roles = _expect_str_list(payload, "roles", allow_empty=False)
-        caps = (
-            frozenset(_expect_str_list(payload, "caps", allow_empty=True))
-            if "caps" in payload
-            else None
-        )
-        run = _expect_str(payload, "run", pattern=AGENT_ID) if "run" in payload else None
-
+    def _check_signature(self, token: str, kid: str) -> None:
+        """Signature, audience, issuer and PyJWT's own time checks, by the keyset's key."""
+        s = self.settings
         try:
             jwt.decode(
                 token,
@@ -504,6 +494,10 @@ class TokenVerifier:
         except jwt.InvalidTokenError as exc:
             raise TokenInvalid(f"the token is not valid: {type(exc).__name__}") from None
 
+    def _check_lifetime(self, claims: Claims) -> None:
+        """``iat``/``nbf``/``exp`` consistent, within ``max_lifetime``, and not expired now."""
+        s = self.settings
+        iat, nbf, exp = claims.issued_at, claims.not_before, claims.expires_at
         now = self.clock()
         if iat > now + s.leeway:
             raise TokenInvalid(
@@ -520,21 +514,58 @@ class TokenVerifier:
             )
         if now >= exp + s.leeway:
             raise TokenExpired("the capability token has expired")
-        extra = {k: v for k, v in payload.items() if k not in REQUIRED_CLAIMS}
-        return Claims(
-            agent=agent,
-            jti=jti,
-            roles=roles,
-            caps=caps,
-            run=run,
-            issuer=issuer,
-            audience=tuple(audience),
-            issued_at=iat,
-            not_before=nbf,
-            expires_at=exp,
-            kid=kid,
-            extra=extra,
+
+
+def _expect_audience(claims: dict[str, Any]) -> tuple[str, ...]:
+    aud = claims["aud"]
+    audience = (aud,) if isinstance(aud, str) else aud
+    if (
+        not isinstance(audience, list | tuple)
+        or not audience
+        or not all(isinstance(a, str) for a in audience)
+    ):
+        raise TokenInvalid(
+            "claim 'aud' must be a string or a list of strings", errors=[{"claim": "aud"}]
         )
+    return tuple(audience)
+
+
+def _typed_claims(payload: dict[str, Any], kid: str) -> Claims:
+    """The payload's claims, each of its JSON type (not yet verified: no signature checked)."""
+    for name in REQUIRED_CLAIMS:
+        if name not in payload:
+            raise TokenInvalid(f"token is missing the {name!r} claim", errors=[{"claim": name}])
+    # Types first: PyJWT would accept some wrong types (e.g. a string exp in old versions).
+    # The order of these checks is the order in which a token's errors are reported.
+    agent = _expect_str(payload, "sub", pattern=AGENT_ID)
+    jti = _expect_str(payload, "jti")
+    issuer = _expect_str(payload, "iss")
+    audience = _expect_audience(payload)
+    iat = _expect_time(payload, "iat")
+    nbf = _expect_time(payload, "nbf")
+    exp = _expect_time(payload, "exp")
+    roles = _expect_str_list(payload, "roles", allow_empty=False)
+    caps = (
+        frozenset(_expect_str_list(payload, "caps", allow_empty=True))
+        if "caps" in payload
+        else None
+    )
+    run = _expect_str(payload, "run", pattern=AGENT_ID) if "run" in payload else None
+    extra = {k: v for k, v in payload.items() if k not in REQUIRED_CLAIMS}
+    return Claims(
+        agent=agent,
+        jti=jti,
+        roles=roles,
+        caps=caps,
+        run=run,
+        issuer=issuer,
+        audience=audience,
+        issued_at=iat,
+        not_before=nbf,
+        expires_at=exp,
+        kid=kid,
+        extra=extra,
+    )
 
 
 def inspect_token(token: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

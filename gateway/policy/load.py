@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from yarl import URL
 
@@ -265,6 +265,18 @@ def _rate(node: Node) -> Any:
         return None
 
 
+class _Behaviour(NamedTuple):
+    """The keys of a rule that say how an allowed call is handled (not what it matches)."""
+
+    tool: str | None
+    approval: bool
+    rate: Any
+    quota: int | None
+    volatile: tuple[str, ...]
+    repeat_last: bool
+    on_state_error: str | None
+
+
 def _rule(
     role: str,
     node: Node,
@@ -278,6 +290,45 @@ def _rule(
     )
     if m is None:
         return None
+    # The keys are read in this order so that errors are reported in it.
+    rule_id = _rule_id(m, ids)
+    upstream = _rule_upstream(m, upstreams, declared)
+    method, pattern = _rule_allow(m)
+    query = _constraints(m["query"]) if "query" in m else {}
+    extra = m["allow_extra_query"].as_bool() if "allow_extra_query" in m else False
+    headers = _header_constraints(m["headers"]) if "headers" in m else {}
+    how = _rule_behaviour(m, upstream, upstreams)
+    context = CheckContext(
+        rule_id=rule_id,
+        tool=how.tool,
+        upstream_kind=upstreams[upstream].kind if upstream else None,
+    )
+    checks = _payload_checks(m, context)
+    if rule_id is None or upstream is None or method is None or pattern is None:
+        return None
+    return Rule(
+        id=rule_id,
+        role=role,
+        upstream=upstream,
+        method=method,
+        path=pattern,
+        query=query,
+        allow_extra_query=bool(extra),
+        headers=headers,
+        checks=checks,
+        tool=how.tool,
+        approval=how.approval,
+        rate=how.rate,
+        quota=how.quota,
+        volatile=how.volatile,
+        replay_repeat_last=how.repeat_last,
+        on_state_error=how.on_state_error or "deny",
+        line=node.line,
+    )
+
+
+def _rule_id(m: dict[str, Node], ids: dict[str, Node]) -> str | None:
+    """The rule's ``id``, registered in ``ids`` (a second rule with the same id is an error)."""
     rule_id = m["id"].as_str(pattern=RULE_ID, what="a rule id") if "id" in m else None
     if rule_id is not None:
         if rule_id in ids:
@@ -285,6 +336,13 @@ def _rule(
             m["id"].fail(f"duplicate rule id {rule_id!r} (first defined at line {first.line})")
         else:
             ids[rule_id] = m["id"]
+    return rule_id
+
+
+def _rule_upstream(
+    m: dict[str, Node], upstreams: dict[str, Upstream], declared: frozenset[str]
+) -> str | None:
+    """The rule's ``upstream`` if it is a valid one (an unknown name is an error)."""
     upstream = m["upstream"].as_str() if "upstream" in m else None
     if upstream is not None and upstream not in upstreams:
         if upstream not in declared:
@@ -293,34 +351,47 @@ def _rule(
                 f"{sorted(declared | set(upstreams))}"
             )
         upstream = None
-    params: dict[str, Constraint] = {}
-    if "params" in m:
-        for k, v in m["params"].entries():
-            c = _constraint(k.value, v)
-            if c is not None:
-                params[k.value] = c
-    method, pattern = None, None
+    return upstream
+
+
+def _rule_allow(m: dict[str, Node]) -> tuple[str | None, PathPattern | None]:
+    """Method and path pattern of ``allow``, its parameters constrained by ``params``."""
+    params = _constraints(m["params"]) if "params" in m else {}
     if "allow" in m:
-        method, pattern = _allow(m["allow"], params)
-    query: dict[str, Constraint] = {}
-    if "query" in m:
-        for k, v in m["query"].entries():
-            c = _constraint(k.value, v)
-            if c is not None:
-                query[k.value] = c
-    extra = m["allow_extra_query"].as_bool() if "allow_extra_query" in m else False
-    headers: dict[str, Constraint] = {}
-    if "headers" in m:
-        for k, v in m["headers"].entries():
-            if not HEADER_NAME.fullmatch(k.value):
-                k.fail(f"{k.value!r} is not a header name")
-                continue
-            if k.value.lower() in RESERVED_HEADERS or k.value.lower().startswith("proxy-"):
-                k.fail(f"header {k.value!r} is managed by the gateway and cannot be allowed")
-                continue
-            c = _constraint(k.value.lower(), v)
-            if c is not None:
-                headers[k.value.lower()] = c
+        return _allow(m["allow"], params)
+    return None, None
+
+
+def _constraints(node: Node) -> dict[str, Constraint]:
+    """``params`` or ``query``: a constraint for each name."""
+    out: dict[str, Constraint] = {}
+    for k, v in node.entries():
+        c = _constraint(k.value, v)
+        if c is not None:
+            out[k.value] = c
+    return out
+
+
+def _header_constraints(node: Node) -> dict[str, Constraint]:
+    """``headers``: a constraint for each (lower-cased) header a rule may let through."""
+    out: dict[str, Constraint] = {}
+    for k, v in node.entries():
+        if not HEADER_NAME.fullmatch(k.value):
+            k.fail(f"{k.value!r} is not a header name")
+            continue
+        if k.value.lower() in RESERVED_HEADERS or k.value.lower().startswith("proxy-"):
+            k.fail(f"header {k.value!r} is managed by the gateway and cannot be allowed")
+            continue
+        c = _constraint(k.value.lower(), v)
+        if c is not None:
+            out[k.value.lower()] = c
+    return out
+
+
+def _rule_behaviour(
+    m: dict[str, Node], upstream: str | None, upstreams: dict[str, Upstream]
+) -> _Behaviour:
+    """``tool``, ``approval``, ``rate``, ``quota``, ``volatile``, ``replay``, ``on_state_error``."""
     tool = m["tool"].as_str() if "tool" in m else None
     if tool is not None and upstream is not None and upstreams[upstream].kind != "mcp":
         m["tool"].fail(
@@ -340,38 +411,18 @@ def _rule(
     on_state_error = (
         m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     )
-    context = CheckContext(
-        rule_id=rule_id,
-        tool=tool,
-        upstream_kind=upstreams[upstream].kind if upstream else None,
-    )
+    return _Behaviour(tool, approval, rate, quota, volatile, repeat_last, on_state_error)
+
+
+def _payload_checks(m: dict[str, Node], context: CheckContext) -> tuple[PayloadCheck, ...]:
+    """The payload checks (``sql``, ...) a rule names, each compiled by its check."""
     checks: list[PayloadCheck] = []
     for key, compiler in PAYLOAD_CHECKS.items():
         if key in m:
             check = compiler(m[key], context)
             if check is not None:
                 checks.append(check)
-    if rule_id is None or upstream is None or method is None or pattern is None:
-        return None
-    return Rule(
-        id=rule_id,
-        role=role,
-        upstream=upstream,
-        method=method,
-        path=pattern,
-        query=query,
-        allow_extra_query=bool(extra),
-        headers=headers,
-        checks=tuple(checks),
-        tool=tool,
-        approval=approval,
-        rate=rate,
-        quota=quota,
-        volatile=volatile,
-        replay_repeat_last=repeat_last,
-        on_state_error=on_state_error or "deny",
-        line=node.line,
-    )
+    return tuple(checks)
 
 
 def _volatile(node: Node) -> tuple[str, ...]:

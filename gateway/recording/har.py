@@ -284,23 +284,11 @@ def import_har(
     )
     writer = RecordingWriter(Path(directory))
     result = ImportResult()
-    items: list[tuple[float, int, Mapping[str, Any]]] = []
-    for i, entry in enumerate(log["entries"]):
-        if not isinstance(entry, Mapping):
-            raise HarError(f"entries[{i}] must be an object")
-        started = _parse_time(entry.get("startedDateTime"))
-        items.append((started if started is not None else 0.0, i, entry))
-    items.sort(key=lambda item: (item[0], item[1]))
     first: dict[str, float] = {}
     seqs: dict[str, int] = {}
-    for started, i, entry in items:
+    for started, i, entry in _entries_by_time(log["entries"]):
         where = f"entries[{i}]"
-        req = entry.get("request")
-        resp = entry.get("response")
-        if not isinstance(req, Mapping) or not isinstance(req.get("url"), str):
-            raise HarError(f"{where}.request must be an object with a 'url'")
-        if not isinstance(req.get("method"), str):
-            raise HarError(f"{where}.request.method must be a string")
+        req = _request_of(entry, where)
         mapped = _map_url(req["url"], prefixes)
         if mapped is None:
             origin = _origin(req["url"])
@@ -314,79 +302,17 @@ def import_har(
         seqs[run_name] = seqs.get(run_name, 0) + 1
         if isinstance(capgate.get("target"), str):
             target = capgate["target"]
-        body: bytes | None = None
-        post = req.get("postData")
-        if isinstance(post, Mapping):
-            if post.get("text") is not None:
-                body = _decode_content(post, f"{where}.request.postData")
-            elif isinstance(post.get("params"), list):
-                body = urlencode(
-                    _pairs(post["params"], f"{where}.request.postData.params")
-                ).encode()
-        kind = "denial" if capgate.get("kind") == "denial" else "exchange"
-        decision = _decision(capgate.get("decision"), resp)
-        response: ResponseData | None = None
-        error: ErrorInfo | None = None
-        if isinstance(capgate.get("error"), Mapping):
-            e = capgate["error"]
-            error = ErrorInfo(
-                str(e.get("reason", "upstream_unavailable")),
-                int(e.get("status", 502)),
-                str(e.get("detail", "")),
-            )
-        if kind == "exchange" and isinstance(resp, Mapping):
-            status = resp.get("status")
-            if not isinstance(status, int) or isinstance(status, bool):
-                raise HarError(f"{where}.response.status must be an integer")
-            if status == 0 or (error is not None and resp.get("statusText") == "Upstream failed"):
-                # The browser got no answer (status 0: blocked, aborted, network error).
-                error = error or ErrorInfo(
-                    "upstream_unavailable", 502, "imported from HAR: the request got no response"
-                )
-            elif 100 <= status <= 599:
-                content = resp.get("content") if isinstance(resp.get("content"), Mapping) else {}
-                assert isinstance(content, Mapping)
-                data = _decode_content(content, f"{where}.response.content")
-                headers = [
-                    (k, v)
-                    for k, v in _pairs(resp.get("headers"), f"{where}.response.headers")
-                    if k.lower() not in RESPONSE_DROP
-                ]
-                chunks = _chunks(capgate.get("chunks"), len(data))
-                response = ResponseData(
-                    status=status,
-                    reason=str(resp.get("statusText") or ""),
-                    headers=headers,
-                    body=data,
-                    chunks=chunks,
-                    complete=capgate.get("complete", True) is not False,
-                )
-            else:
-                raise HarError(f"{where}.response.status {status} is not an HTTP status")
-        timings = entry.get("time")
         writer.append(
-            Exchange(
-                kind=kind,
+            _exchange(
+                entry,
+                req,
+                capgate,
+                where,
                 run=run_name,
-                seq=int(capgate.get("seq") or seqs[run_name]),
+                seq=seqs[run_name],
                 t=max(started - base, 0.0),
-                method=req["method"].upper(),
                 target=target,
                 upstream=upstream,
-                agent=str(capgate["agent"]) if capgate.get("agent") else None,
-                roles=tuple(str(r) for r in capgate.get("roles") or ()),
-                caps=tuple(str(c) for c in capgate["caps"])
-                if isinstance(capgate.get("caps"), list)
-                else None,
-                request_id=str(capgate.get("request_id") or ""),
-                request_headers=_pairs(req.get("headers"), f"{where}.request.headers"),
-                request_body=body,
-                decision=decision,
-                response=response,
-                error=error,
-                duration=float(timings) / 1000
-                if isinstance(timings, int | float) and timings >= 0
-                else None,
             )
         )
         writer.remember_upstream(upstream, prefix)
@@ -394,6 +320,130 @@ def import_har(
         result.runs.add(run_name)
     writer.write_manifest()
     return result
+
+
+def _entries_by_time(entries: list[Any]) -> list[tuple[float, int, Mapping[str, Any]]]:
+    """(start time, index, entry), oldest first (entries without a time first, in order)."""
+    items: list[tuple[float, int, Mapping[str, Any]]] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise HarError(f"entries[{i}] must be an object")
+        started = _parse_time(entry.get("startedDateTime"))
+        items.append((started if started is not None else 0.0, i, entry))
+    items.sort(key=lambda item: (item[0], item[1]))
+    return items
+
+
+def _request_of(entry: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """The entry's ``request``, which must have a string ``url`` and ``method``."""
+    req = entry.get("request")
+    if not isinstance(req, Mapping) or not isinstance(req.get("url"), str):
+        raise HarError(f"{where}.request must be an object with a 'url'")
+    if not isinstance(req.get("method"), str):
+        raise HarError(f"{where}.request.method must be a string")
+    return req
+
+
+def _exchange(
+    entry: Mapping[str, Any],
+    req: Mapping[str, Any],
+    capgate: Mapping[str, Any],
+    where: str,
+    *,
+    run: str,
+    seq: int,
+    t: float,
+    target: str,
+    upstream: str,
+) -> Exchange:
+    """The record of one mapped HAR entry (``seq`` when ``_capgate`` has none)."""
+    resp = entry.get("response")
+    body = _request_body(req.get("postData"), where)
+    kind = "denial" if capgate.get("kind") == "denial" else "exchange"
+    decision = _decision(capgate.get("decision"), resp)
+    response: ResponseData | None = None
+    error = _error_info(capgate.get("error"))
+    if kind == "exchange" and isinstance(resp, Mapping):
+        response, error = _response(resp, capgate, error, where)
+    timings = entry.get("time")
+    return Exchange(
+        kind=kind,
+        run=run,
+        seq=int(capgate.get("seq") or seq),
+        t=t,
+        method=req["method"].upper(),
+        target=target,
+        upstream=upstream,
+        agent=str(capgate["agent"]) if capgate.get("agent") else None,
+        roles=tuple(str(r) for r in capgate.get("roles") or ()),
+        caps=tuple(str(c) for c in capgate["caps"])
+        if isinstance(capgate.get("caps"), list)
+        else None,
+        request_id=str(capgate.get("request_id") or ""),
+        request_headers=_pairs(req.get("headers"), f"{where}.request.headers"),
+        request_body=body,
+        decision=decision,
+        response=response,
+        error=error,
+        duration=float(timings) / 1000
+        if isinstance(timings, int | float) and timings >= 0
+        else None,
+    )
+
+
+def _request_body(post: Any, where: str) -> bytes | None:
+    """The request body from ``postData``: its ``text``, else its ``params`` form-encoded."""
+    if isinstance(post, Mapping):
+        if post.get("text") is not None:
+            return _decode_content(post, f"{where}.request.postData")
+        if isinstance(post.get("params"), list):
+            return urlencode(_pairs(post["params"], f"{where}.request.postData.params")).encode()
+    return None
+
+
+def _error_info(value: Any) -> ErrorInfo | None:
+    """The gateway's error for the call, as exported under ``_capgate.error``."""
+    if not isinstance(value, Mapping):
+        return None
+    return ErrorInfo(
+        str(value.get("reason", "upstream_unavailable")),
+        int(value.get("status", 502)),
+        str(value.get("detail", "")),
+    )
+
+
+def _response(
+    resp: Mapping[str, Any], capgate: Mapping[str, Any], error: ErrorInfo | None, where: str
+) -> tuple[ResponseData | None, ErrorInfo | None]:
+    """(response, error) of an exchange from the HAR ``response`` (status 0: no response)."""
+    status = resp.get("status")
+    if not isinstance(status, int) or isinstance(status, bool):
+        raise HarError(f"{where}.response.status must be an integer")
+    if status == 0 or (error is not None and resp.get("statusText") == "Upstream failed"):
+        # The browser got no answer (status 0: blocked, aborted, network error).
+        return None, error or ErrorInfo(
+            "upstream_unavailable", 502, "imported from HAR: the request got no response"
+        )
+    if not 100 <= status <= 599:
+        raise HarError(f"{where}.response.status {status} is not an HTTP status")
+    content = resp.get("content") if isinstance(resp.get("content"), Mapping) else {}
+    assert isinstance(content, Mapping)
+    data = _decode_content(content, f"{where}.response.content")
+    headers = [
+        (k, v)
+        for k, v in _pairs(resp.get("headers"), f"{where}.response.headers")
+        if k.lower() not in RESPONSE_DROP
+    ]
+    chunks = _chunks(capgate.get("chunks"), len(data))
+    response = ResponseData(
+        status=status,
+        reason=str(resp.get("statusText") or ""),
+        headers=headers,
+        body=data,
+        chunks=chunks,
+        complete=capgate.get("complete", True) is not False,
+    )
+    return response, error
 
 
 def _decision(value: Any, resp: Any) -> Decision:

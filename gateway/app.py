@@ -16,11 +16,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
@@ -49,7 +48,6 @@ from gateway.transports.upstream import LiveTransport
 
 log = logging.getLogger("capgate")
 
-GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
 HEALTH_PATH = "/_capgate/health"
 
 
@@ -204,8 +202,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
 
 
-async def _health(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+async def _health(gw: Gateway) -> web.Response:
     state = await gw.state.health()
     ok = bool(state.get("reachable", False))
     body = {
@@ -217,8 +214,10 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ok else 503)
 
 
-async def _resources(app: web.Application) -> AsyncIterator[None]:
-    gw = app[GATEWAY]
+@contextlib.asynccontextmanager
+async def running(gw: Gateway) -> AsyncIterator[Gateway]:
+    """The gateway's resources, open: the audit file, the state store (and revocations it
+    announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
     await gw.state.start()
 
@@ -232,7 +231,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     gw.state.on_revoke(on_revoke)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
     try:
-        yield
+        yield gw
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -273,31 +272,27 @@ async def _watch(gw: Gateway) -> None:
                 reachable = now_reachable
 
 
-def create_app(gw: Gateway) -> web.Application:
-    """The gateway's own routes (health); every other request goes through the pipeline.
+def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """What answers on the agents' port: the health check, and the pipeline for the rest.
 
-    A catch-all route takes agents' calls (the pipeline reads only ``raw_path``; the router
-    decides nothing about it). Targets no route can match (``OPTIONS *``, absolute form) are
-    passed to the pipeline by a middleware, so they too get the target check's problem+json.
+    There is no router: every request but ``GET /_capgate/health`` is an agent's call, and
+    the pipeline reads only its raw target, so targets a router could not match (``OPTIONS
+    *``, absolute form) get the target check's problem+json like any other refusal.
     """
-
     run = gw.pipeline.run
 
-    async def calls(request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.raw_path == HEALTH_PATH and request.method == "GET":
+            return await _health(gw)
         return await run(request)
 
-    @web.middleware
-    async def unroutable(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.http_exception is not None:
-            return await run(request)
-        return await handler(request)
+    return handle
 
-    app = web.Application(client_max_size=1024**3, middlewares=[unroutable])
-    app[GATEWAY] = gw
-    app.cleanup_ctx.append(_resources)
-    app.router.add_get(HEALTH_PATH, _health)
-    app.router.add_route("*", "/{tail:.*}", calls)
-    return app
+
+def create_server(gw: Gateway) -> web.Server:
+    """The agents' listener (aiohttp's low-level server: no router, no middleware); its
+    resources are opened by ``running(gw)``. Call within a running event loop."""
+    return web.Server(agent_handler(gw), access_log=None)
 
 
 def configure_logging(level: str) -> None:
@@ -322,12 +317,20 @@ async def serve(
     if settings.admin_port is not None:
         assert settings.admin_token_file is not None  # load_settings requires it
         admin_token = read_admin_token(settings.admin_token_file)
-    app = create_app(gw)
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=None,
-        shutdown_timeout=settings.shutdown_grace,
+    async with running(gw):
+        await _listen(gw, settings, admin_token, on_ready)
+    log.info("stopped; audit lines written: %d", gw.audit.lines_written)
+
+
+async def _listen(
+    gw: Gateway,
+    settings: Settings,
+    admin_token: bytes | None,
+    on_ready: Callable[[str], None] | None,
+) -> None:
+    """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
+    runner = web.ServerRunner(
+        create_server(gw), handle_signals=False, shutdown_timeout=settings.shutdown_grace
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
@@ -382,4 +385,3 @@ async def serve(
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()
-    log.info("stopped; audit lines written: %d", gw.audit.lines_written)

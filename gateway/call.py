@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from aiohttp import HttpVersion11
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import GatewayError, PayloadTooLarge
@@ -88,6 +89,7 @@ class Call:
     response_bytes: int = 0  # respond
     response_digest: BodyDigest | None = None  # respond
     streaming: bool = False  # respond: the response's head was sent to the agent
+    body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut
     revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
 
@@ -102,6 +104,20 @@ class Call:
         """The MCP tools the call asks to run, in order."""
         return [op.tool for op in self.operations if op.tool is not None]
 
+    async def invite_body(self) -> None:
+        """Answer ``Expect: 100-continue`` when the body is first needed, so a client that
+        waits for it sends its body only for a call that has passed the checks before."""
+        request = self.request
+        if request is None or self.body_invited:
+            return
+        self.body_invited = True
+        if (
+            request.version == HttpVersion11
+            and request.headers.get("Expect", "").lower() == "100-continue"
+        ):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim answer is not the response's size
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body, refusing more than ``limit`` bytes (read at most once)."""
         if self.body is not None:
@@ -111,6 +127,7 @@ class Call:
         if self.request is None:
             self.body = b""
             return self.body
+        await self.invite_body()
         declared = self.request.content_length
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"the request body is larger than {limit} bytes")

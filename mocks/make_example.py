@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import shutil
 import sys
@@ -58,7 +59,7 @@ async def record_example(out: Path) -> None:
     from aiohttp import ClientSession, web
 
     from gateway import pipeline
-    from gateway.app import build_gateway, create_app
+    from gateway.app import build_gateway, create_server, running
     from gateway.config import load_settings
     from gateway.policy.load import load_policy
     from gateway.recording.redact import Redactor
@@ -72,7 +73,8 @@ async def record_example(out: Path) -> None:
         ids = itertools.count(1)
         real_new_request_id = pipeline.new_request_id
         pipeline.new_request_id = lambda: f"example-{next(ids):04d}"
-        runner: web.AppRunner | None = None
+        runner: web.ServerRunner | None = None
+        resources = contextlib.AsyncExitStack()
         try:
             ws = prepare_workspace(base.root, mocks.urls)
             settings = load_settings(
@@ -97,7 +99,8 @@ async def record_example(out: Path) -> None:
             example = load_policy(EXAMPLE_POLICY)
             recorder.writer.upstreams = {n: str(u.url) for n, u in example.upstreams.items()}
             gw = gw.with_transport(recorder, recorder)
-            runner = web.AppRunner(create_app(gw), access_log=None, handle_signals=False)
+            await resources.enter_async_context(running(gw))
+            runner = web.ServerRunner(create_server(gw), handle_signals=False)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
@@ -124,7 +127,8 @@ async def record_example(out: Path) -> None:
         finally:
             pipeline.new_request_id = real_new_request_id
             if runner is not None:
-                await runner.cleanup()  # closes the transport: the manifest is final
+                await runner.cleanup()
+            await resources.aclose()  # closes the transport: the manifest is final
             await mocks.close()
 
 

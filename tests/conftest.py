@@ -3,20 +3,21 @@ free ports, and the gateway in-process on aiohttp's test server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.app import Gateway, build_gateway, create_app
+from gateway.app import Gateway, agent_handler, build_gateway, running
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
 
@@ -138,9 +139,27 @@ def gateway(settings: Settings, workspace: Workspace, mocks: Mocks) -> Gateway:
     return build_gateway(settings, workspace.environ())
 
 
+ServeGateway = Callable[[Gateway], Awaitable[TestClient[Any, Any]]]
+
+
 @pytest.fixture
-async def client(aiohttp_client: Any, gateway: Gateway) -> AsyncIterator[TestClient[Any, Any]]:
-    yield await aiohttp_client(create_app(gateway))
+async def serve_gateway(
+    aiohttp_client: Any, aiohttp_raw_server: Any
+) -> AsyncIterator[ServeGateway]:
+    """``await serve_gateway(gw)``: the gateway's resources open (``running``) and its agents'
+    listener (``agent_handler``, as ``capgate serve`` runs it) on a test server; a client."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def serve(gw: Gateway) -> TestClient[Any, Any]:
+            await stack.enter_async_context(running(gw))
+            return await aiohttp_client(await aiohttp_raw_server(agent_handler(gw)))
+
+        yield serve
+
+
+@pytest.fixture
+async def client(serve_gateway: ServeGateway, gateway: Gateway) -> TestClient[Any, Any]:
+    return await serve_gateway(gateway)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway
 from gateway.config import load_settings
 from mocks.demo import Workspace
 from tests.conftest import Mocks
@@ -23,7 +23,7 @@ MCP_ACCEPT = "application/json, text/event-stream"
 
 
 @pytest.fixture
-async def example(aiohttp_client: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Any:
+async def example(serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Any:
     """The example policy in-process, with the audit file and trace spans written to files."""
     settings = load_settings(
         {
@@ -38,7 +38,7 @@ async def example(aiohttp_client: Any, workspace: Workspace, mocks: Mocks, tmp_p
     )
     mocks.clear()
     gw = build_gateway(settings, workspace.environ())
-    client = await aiohttp_client(create_app(gw))
+    client = await serve_gateway(gw)
     client.gw = gw
     client.audit_path = tmp_path / "audit.jsonl"
     client.spans_path = tmp_path / "spans.jsonl"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.admin import create_admin_app, read_admin_token
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway
 from gateway.approvals import Approvals
 from gateway.config import Settings
 from gateway.errors import ApprovalDenied, ApprovalTimeout, ConfigError
@@ -42,6 +42,7 @@ def token_file(tmp_path: Path) -> Path:
 @pytest.fixture
 async def held(
     aiohttp_client: Any,
+    serve_gateway: Any,
     settings: Settings,
     workspace: Workspace,
     policy_file: Path,
@@ -57,7 +58,7 @@ async def held(
     )
     mocks.clear()
     gw = build_gateway(s, workspace.environ())
-    client = await aiohttp_client(create_app(gw))
+    client = await serve_gateway(gw)
     admin = await aiohttp_client(create_admin_app(gw.approvals, read_admin_token(token_file)))
     return gw, client, admin
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway
 from gateway.config import load_settings
 from mocks.demo import Workspace
 from tests.conftest import Mocks
@@ -21,7 +21,7 @@ PROBLEM = "application/problem+json"
 
 
 @pytest.fixture
-async def example(aiohttp_client: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Any:
+async def example(serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path) -> Any:
     settings = load_settings(
         {
             "policy": str(workspace.policy),
@@ -33,7 +33,7 @@ async def example(aiohttp_client: Any, workspace: Workspace, mocks: Mocks, tmp_p
         {},
     )
     mocks.clear()
-    return await aiohttp_client(create_app(build_gateway(settings, workspace.environ())))
+    return await serve_gateway(build_gateway(settings, workspace.environ()))
 
 
 def queries(mocks: Mocks) -> int:

@@ -525,3 +525,44 @@ async def test_revocation_cancels_calls_in_flight(
     assert len(gateway.inflight) == 0
     line = audit_lines(settings, gateway)[-1]
     assert line["reason"] == "token_revoked" and line["decision"] == "deny"
+
+
+# --- Expect: 100-continue -------------------------------------------------------------------
+
+
+async def _raw_exchange(client: Any, head: bytes, body: bytes, wait: float = 1.0) -> bytes:
+    """Send a request head, then the body only if the gateway says "100 Continue"."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait)
+        if first.startswith(b"HTTP/1.1 100 "):
+            writer.write(body)
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait)
+            return b"CONTINUED " + first
+        return first
+    finally:
+        writer.close()
+
+
+async def test_expect_continue_invites_the_body_only_after_the_checks_before_it(
+    client, token, mocks: Mocks
+) -> None:
+    body = b'{"service": "web"}'
+
+    def head(tok: str | None) -> bytes:
+        auth = f"Authorization: Bearer {tok}\r\n" if tok else ""
+        return (
+            "POST /services/services/restart HTTP/1.1\r\nHost: x\r\n"
+            f"{auth}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Expect: 100-continue\r\nConnection: close\r\n\r\n"
+        ).encode()
+
+    # Refused before the body is needed: the final answer comes at once, no invitation.
+    refused = await _raw_exchange(client, head(None), body)
+    assert refused.startswith(b"HTTP/1.1 401 ")
+    # Allowed so far: invited, the body is checked and forwarded.
+    allowed = await _raw_exchange(client, head(token("sre-bot", ["sre-diagnostics"])), body)
+    assert allowed.startswith(b"CONTINUED HTTP/1.1 200 "), allowed

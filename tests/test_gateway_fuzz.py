@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway, create_server, running
 from gateway.config import Settings
 from mocks.demo import Workspace
 from tests.conftest import Mocks
@@ -35,7 +35,13 @@ class ThreadedGateway:
         from aiohttp import web
 
         asyncio.set_event_loop(self.loop)
-        runner = web.AppRunner(create_app(self.gw), access_log=None)
+        resources = running(self.gw)
+        self.loop.run_until_complete(resources.__aenter__())
+
+        async def make_runner() -> web.ServerRunner:
+            return web.ServerRunner(create_server(self.gw))
+
+        runner = self.loop.run_until_complete(make_runner())
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -44,6 +50,7 @@ class ThreadedGateway:
         self._started.set()
         self.loop.run_forever()
         self.loop.run_until_complete(runner.cleanup())
+        self.loop.run_until_complete(resources.__aexit__(None, None, None))
         self.loop.close()
 
     def __enter__(self) -> ThreadedGateway:

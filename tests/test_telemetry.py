@@ -7,18 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway
 from gateway.config import Settings
 from gateway.telemetry import Telemetry
 from mocks.demo import Workspace
 
 
 async def test_one_span_per_call_without_secrets(
-    aiohttp_client: Any, settings: Settings, workspace: Workspace, tmp_path: Path
+    serve_gateway: Any, settings: Settings, workspace: Workspace, tmp_path: Path
 ) -> None:
     traces = tmp_path / "spans.jsonl"
     gw = build_gateway(dataclasses.replace(settings, traces=str(traces)), workspace.environ())
-    client = await aiohttp_client(create_app(gw))
+    client = await serve_gateway(gw)
     tok = workspace.token("sre-bot", ["sre-diagnostics"], run="run-7")
     auth = {"Authorization": f"Bearer {tok}"}
     assert (await client.get("/metrics/metrics/cpu?window=5m", headers=auth)).status == 200

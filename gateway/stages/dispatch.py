@@ -49,6 +49,7 @@ class Dispatch:
             declared = call.request.content_length
             if declared is not None and declared > limit:
                 raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+            await call.invite_body()
             streamer = _BodyLimit(call, limit, self.mac.stream())
             body = streamer.chunks()
         request = UpstreamRequest(

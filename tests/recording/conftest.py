@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.app import Gateway, build_gateway, create_app
+from gateway.app import Gateway, build_gateway
 from gateway.config import Settings
 from gateway.transport import Transport
 from gateway.transports.modes import ModeTransport
@@ -41,14 +41,12 @@ class Recorded:
 
 
 @pytest.fixture
-async def recorded(
-    gateway: Gateway, aiohttp_client: Any, tmp_path: Path
-) -> AsyncIterator[Recorded]:
+async def recorded(gateway: Gateway, serve_gateway: Any, tmp_path: Path) -> AsyncIterator[Recorded]:
     """The test gateway (real mocks) with the record transport writing to tmp_path/rec."""
     directory = tmp_path / "rec"
     recorder = RecordTransport(gateway.transport, directory)
     gateway = gateway.with_transport(recorder, recorder)
-    client = await aiohttp_client(create_app(gateway))
+    client = await serve_gateway(gateway)
     yield Recorded(client, gateway, directory)
 
 
@@ -69,7 +67,7 @@ GatewayFactory = Callable[
 
 @pytest.fixture
 def replay_gateway(
-    settings: Settings, workspace: Workspace, dead_policy: Path, tmp_path: Path, aiohttp_client: Any
+    settings: Settings, workspace: Workspace, dead_policy: Path, tmp_path: Path, serve_gateway: Any
 ) -> ReplayFactory:
     """A second gateway, every upstream on a dead port, answering from a recording."""
     count = 0
@@ -82,14 +80,14 @@ def replay_gateway(
         )
         replay = ReplayTransport(directory, **options)
         gw = build_gateway(s, workspace.environ()).with_transport(replay, replay)
-        return await aiohttp_client(create_app(gw)), gw
+        return await serve_gateway(gw), gw
 
     return make
 
 
 @pytest.fixture
 def live_gateway(
-    settings: Settings, workspace: Workspace, tmp_path: Path, aiohttp_client: Any
+    settings: Settings, workspace: Workspace, tmp_path: Path, serve_gateway: Any
 ) -> GatewayFactory:
     """A second gateway on the real mocks, with the transport ``wrap(live)`` returns."""
 
@@ -105,7 +103,7 @@ def live_gateway(
             # A recorder or replayer is also told of refused calls.
             sink = made if hasattr(made, "observe_denial") else None
             gw = gw.with_transport(made, sink)  # type: ignore[arg-type]
-        return await aiohttp_client(create_app(gw)), gw
+        return await serve_gateway(gw), gw
 
     return make
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.app import build_gateway, create_app
+from gateway.app import build_gateway
 from gateway.config import load_settings
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.recording.reader import load_recording
@@ -21,7 +21,7 @@ EXAMPLE = ROOT / "recordings" / "example"
 
 
 async def test_the_example_replays_with_no_upstream_and_no_real_credentials(
-    tmp_path: Path, aiohttp_client: Any
+    tmp_path: Path, serve_gateway: Any
 ) -> None:
     ws = prepare_workspace(tmp_path / "ws")  # the example policy, mocks' fixed ports: unused
     report = tmp_path / "replay-report.json"
@@ -41,7 +41,7 @@ async def test_the_example_replays_with_no_upstream_and_no_real_credentials(
     gw = build_gateway(settings, {})
     assert isinstance(gw.credentials, PlaceholderCredentials)
     assert isinstance(gw.transport, ReplayTransport)
-    client = await aiohttp_client(create_app(gw))
+    client = await serve_gateway(gw)
     tok = ws.token("sre-bot", ["sre-diagnostics"], run="ci-job-7")
     recorded = {e.seq: e for e in load_recording(EXAMPLE).runs["example"].entries}
 

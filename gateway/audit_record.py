@@ -22,8 +22,8 @@ import hashlib
 import hmac
 import re
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NotRequired, TypedDict
 
 AUDIT_RECORD_VERSION = 1
 MAX_PATH = 512  # characters of the path kept (the path is the policy's subject, never a value)
@@ -49,10 +49,10 @@ class BodyMac:
 
     def of(self, data: bytes) -> BodyDigest:
         if self._keyed is None:
-            return BodyDigest(len(data), None)
+            return {"size": len(data)}
         mac = self._keyed.copy()
         mac.update(data)
-        return BodyDigest(len(data), mac.hexdigest())
+        return {"size": len(data), "hmac": mac.hexdigest()}
 
     def stream(self) -> BodyHasher:
         return BodyHasher(self._keyed.copy() if self._keyed is not None else None)
@@ -82,25 +82,32 @@ class BodyHasher:
             self._mac.update(chunk)
 
     def result(self) -> BodyDigest:
-        return BodyDigest(self.size, self._mac.hexdigest() if self._mac is not None else None)
+        if self._mac is None:
+            return {"size": self.size}
+        return {"size": self.size, "hmac": self._mac.hexdigest()}
 
 
-@dataclass(frozen=True, slots=True)
-class BodyDigest:
+class BodyDigest(TypedDict):
+    """A body as the audit knows it: its size, and its HMAC-SHA256 under the audit key (hex;
+    absent when the gateway has no key)."""
+
     size: int
-    hmac: str | None  # hex HMAC-SHA256 under the audit key; None when there is no key
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"size": self.size}
-        if self.hmac is not None:
-            out["hmac"] = self.hmac
-        return out
+    hmac: NotRequired[str]
 
 
-@dataclass(slots=True)  # slots: no field can be added; not frozen: built once per call, fast
-class AuditRecord:
-    """What one call did and what was decided, in fields that can never hold a payload."""
+class SqlSummary(TypedDict):
+    kinds: list[str]  # statement kinds of an allowed query
+    tables: list[str]  # its tables, as the policy names them
 
+
+class AuditRecord(TypedDict):
+    """What one call did and what was decided, in fields that can never hold a payload.
+
+    A closed set: the type checker refuses any other key, and ``test_advisories.py`` refuses
+    any other key in a written line. It is serialised as it is (the trail adds ``prev``).
+    """
+
+    v: int  # AUDIT_RECORD_VERSION
     time: str
     request_id: str
     agent: str | None
@@ -109,53 +116,18 @@ class AuditRecord:
     upstream: str | None
     method: str
     path: str
-    query: tuple[str, ...]  # parameter names, in order; never their values
     rule: str | None
     decision: str  # allow | deny
     reason: str  # "allowed" or a stable reason code
     status: int | None
     duration_ms: float
-    request_body: BodyDigest | None = None
-    response_body: BodyDigest | None = None
-    sql_kinds: tuple[str, ...] = ()
-    sql_tables: tuple[str, ...] = ()
-    tools: tuple[str, ...] = ()
-    approval: str | None = None
-    state_error_allowed: bool = False
-
-    def as_json(self) -> dict[str, Any]:
-        """The audit line's fields (the trail adds ``prev``)."""
-        out: dict[str, Any] = {
-            "v": AUDIT_RECORD_VERSION,
-            "time": self.time,
-            "request_id": self.request_id,
-            "agent": self.agent,
-            "jti": self.jti,
-            "run": self.run,
-            "upstream": self.upstream,
-            "method": self.method,
-            "path": self.path,
-            "rule": self.rule,
-            "decision": self.decision,
-            "reason": self.reason,
-            "status": self.status,
-            "duration_ms": self.duration_ms,
-        }
-        if self.query:
-            out["query"] = list(self.query)
-        if self.request_body is not None:
-            out["request_body"] = self.request_body.as_json()
-        if self.response_body is not None:
-            out["response_body"] = self.response_body.as_json()
-        if self.sql_kinds or self.sql_tables:
-            out["sql"] = {"kinds": list(self.sql_kinds), "tables": list(self.sql_tables)}
-        if self.tools:
-            out["tools"] = list(self.tools)
-        if self.approval is not None:
-            out["approval"] = self.approval
-        if self.state_error_allowed:
-            out["state_error_allowed"] = True
-        return out
+    query: NotRequired[list[str]]  # parameter names, in order; never their values
+    request_body: NotRequired[BodyDigest]
+    response_body: NotRequired[BodyDigest]
+    sql: NotRequired[SqlSummary]
+    tools: NotRequired[list[str]]  # MCP tool names
+    approval: NotRequired[str]  # the approval that let the call go on
+    state_error_allowed: NotRequired[bool]  # only ever True
 
 
 _second: list[Any] = [None, ""]  # (whole second, its formatted text): one strftime a second
@@ -169,7 +141,7 @@ def timestamp(t: float) -> str:
     return f"{_second[1]}.{int((t - whole) * 1000):03d}Z"
 
 
-def names(mac: BodyMac, items: Any) -> tuple[str, ...]:
+def names(mac: BodyMac, items: Iterable[str]) -> list[str]:
     """Agent-controlled names, deduplicated in order, capped in number and alphabet."""
     out: list[str] = []
     for item in items:
@@ -178,4 +150,4 @@ def names(mac: BodyMac, items: Any) -> tuple[str, ...]:
             out.append(label)
             if len(out) >= MAX_NAMES:
                 break
-    return tuple(out)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -111,13 +111,18 @@ class AuditTrail:
 
     def call_ended(self, call: Call, record: AuditRecord) -> None:
         """Observer of ended calls: one line per call, from its closed audit record only."""
-        self.append(record.as_json())
+        self.append(record)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Mapping[str, Any]) -> None:
+        """One line: the record's JSON with ``prev``, the SHA-256 of the line before, last."""
         if self._fh is None:
             return
-        record["prev"] = self._prev
-        line = orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        body = orjson.dumps(record, default=str)
+        line = (
+            body[:-1] + b',"prev":"' + self._prev.encode() + b'"}\n'
+            if len(body) > 2
+            else (b'{"prev":"' + self._prev.encode() + b'"}\n')
+        )
         self._prev = hashlib.sha256(memoryview(line)[:-1]).hexdigest()
         self._fh.write(line)
         self.lines_written += 1

@@ -13,7 +13,7 @@ matched, checked, limited and counted on its own.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -150,6 +150,10 @@ class CallObserver(Protocol):
         """Must not raise for a reason the call caused; a failure is logged by the pipeline."""
 
 
+Rewriter = Callable[[AsyncIterator[bytes], int], AsyncIterator[bytes]]
+"""Rewrites a response body, chunk by chunk, holding at most the given number of bytes."""
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """A refusal in a protocol's own shape; ``respond`` turns it into the HTTP answer."""
@@ -189,10 +193,8 @@ class CallProtocol(Protocol):
     def forwards_header(self, name: str) -> bool:
         """Whether the lower-case request header ``name`` is forwarded for this protocol."""
 
-    def rewrite_response(
-        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
-    ) -> AsyncIterator[bytes] | None:
-        """The answer's body rewritten (its length changes), or None to pass it as it is."""
+    def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
+        """How to rewrite the answer's body (its length changes), or None to pass it as is."""
 
     def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
         """The refusal in this protocol's shape, or None for problem+json."""

@@ -94,7 +94,7 @@ class CredentialStore:
         self.clock = clock
         self._files: dict[Path, tuple[float, Secret]] = {}
         self._jwts: dict[tuple[str, str], tuple[float, Secret]] = {}
-        self._env_injections: dict[tuple[str, Credentials, str], Injection] = {}
+        self._env_injections: dict[tuple[str, str, str, str, str, str], Injection] = {}
 
     # -- start-up checks ----------------------------------------------------------------------
 
@@ -211,7 +211,7 @@ class CredentialStore:
         assert creds.secret is not None
         if creds.secret.startswith("env:"):
             # The environment was read once at start: the same agent gets the same header.
-            key = (upstream, creds, agent)
+            key = (upstream, creds.type, creds.header, creds.prefix, creds.secret, agent)
             found = self._env_injections.get(key)
             if found is None:
                 found = self._injection(

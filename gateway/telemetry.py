@@ -83,7 +83,7 @@ class Telemetry:
         if self._tracer is None:
             return
         attributes = {
-            name: value for key, name in _ATTRIBUTES if (value := getattr(audit, key)) is not None
+            name: value for key, name in _ATTRIBUTES if (value := audit.get(key)) is not None
         }
         span = self._tracer.start_span(
             f"capgate {call.method}",
@@ -91,8 +91,8 @@ class Telemetry:
             start_time=int(call.wall_started * 1e9),
             attributes=attributes,
         )
-        if audit.decision == "deny" or call.error is not None:
-            span.set_status(Status(StatusCode.ERROR, audit.reason))
+        if audit["decision"] == "deny" or call.error is not None:
+            span.set_status(Status(StatusCode.ERROR, audit["reason"]))
         span.end()
 
     def flush(self) -> None:

@@ -179,6 +179,44 @@ class Match:
     params: Mapping[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A token's rules for one upstream and method, in file order, indexed by path shape:
+    only the rules whose pattern can match a path's segments are tried on it."""
+
+    rules: tuple[Rule, ...]
+    literal: Mapping[tuple[str, ...], tuple[Rule, ...]]  # literal pattern -> its rules
+    by_length: Mapping[int, tuple[Rule, ...]]  # patterns with parameters, by segment count
+    order: Mapping[str, int]  # rule id -> position in ``rules``
+
+    @classmethod
+    def of(cls, rules: list[Rule]) -> Candidates:
+        literal: dict[tuple[str, ...], list[Rule]] = {}
+        by_length: dict[int, list[Rule]] = {}
+        for rule in rules:
+            segments = rule.path.segments
+            if rule.path.literal:
+                literal.setdefault(segments, []).append(rule)  # type: ignore[arg-type]
+            else:
+                by_length.setdefault(len(segments), []).append(rule)
+        return cls(
+            rules=tuple(rules),
+            literal={k: tuple(v) for k, v in literal.items()},
+            by_length={k: tuple(v) for k, v in by_length.items()},
+            order={rule.id: i for i, rule in enumerate(rules)},
+        )
+
+    def for_path(self, segments: tuple[str, ...]) -> tuple[Rule, ...]:
+        """The rules that may match ``segments``, in file order."""
+        exact = self.literal.get(segments, ())
+        shaped = self.by_length.get(len(segments), ())
+        if not shaped:
+            return exact
+        if not exact:
+            return shaped
+        return tuple(sorted(exact + shaped, key=lambda r: self.order[r.id]))
+
+
 @dataclass
 class Policy:
     version: int
@@ -189,7 +227,7 @@ class Policy:
     # (role, upstream, method) -> rules in file order
     _index: dict[tuple[str, str, str], tuple[Rule, ...]] = field(default_factory=dict)
     rules_by_id: dict[str, Rule] = field(default_factory=dict)
-    _candidates: dict[tuple[Any, ...], list[Rule]] = field(default_factory=dict, repr=False)
+    _candidates: dict[tuple[Any, ...], Candidates] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         index: dict[tuple[str, str, str], list[Rule]] = {}
@@ -206,10 +244,15 @@ class Policy:
 
         Memoised per policy (a reload builds a new ``Policy``, so the memo goes with it);
         bounded, since roles and caps come from tokens."""
+        return list(self._indexed(roles, caps, upstream, method).rules)
+
+    def _indexed(
+        self, roles: Iterable[str], caps: frozenset[str] | None, upstream: str, method: str
+    ) -> Candidates:
         key = (tuple(roles), caps, upstream, method)
         found = self._candidates.get(key)
         if found is None:
-            found = self._compute_candidates(key[0], caps, upstream, method)
+            found = Candidates.of(self._compute_candidates(key[0], caps, upstream, method))
             if len(self._candidates) >= 4096:
                 self._candidates.clear()
             self._candidates[key] = found
@@ -248,7 +291,8 @@ class Policy:
             raise NoRule(f"there is no upstream named {target.upstream!r}")
         near: QueryInvalid | None = None
         near_path: str | None = None
-        for rule in self.candidates(roles, caps, target.upstream, method):
+        candidates = self._indexed(roles, caps, target.upstream, method)
+        for rule in candidates.for_path(target.segments):
             # An MCP tool call needs a rule naming that tool; a protocol message (tool None)
             # is allowed by any rule on the endpoint.
             if tool is not None and rule.tool != tool:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gateway.call import Operation
 
 if TYPE_CHECKING:
-    from gateway.call import Call, Refusal
+    from gateway.call import Call, Refusal, Rewriter
     from gateway.errors import GatewayError
     from gateway.transport import UpstreamResponse
 
@@ -25,9 +24,7 @@ class PlainHttp:
     def forwards_header(self, name: str) -> bool:
         return False
 
-    def rewrite_response(
-        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
-    ) -> AsyncIterator[bytes] | None:
+    def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
         return None
 
     def refusal(self, call: Call, err: GatewayError) -> Refusal | None:

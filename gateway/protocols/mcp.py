@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.call import Operation, Refusal
+from gateway.call import Operation, Refusal, Rewriter
 from gateway.errors import BadRequest, BodyInvalid, GatewayError, TokenError, ToolDenied
 from gateway.payload import ToolCallPayload, dump_json, parse_json
 
@@ -166,9 +166,7 @@ class Mcp:
     def forwards_header(self, name: str) -> bool:
         return name in REQUEST_HEADERS or name.startswith(PARAM_HEADER_PREFIX)
 
-    def rewrite_response(
-        self, call: Call, response: UpstreamResponse, chunks: AsyncIterator[bytes], limit: int
-    ) -> AsyncIterator[bytes] | None:
+    def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
         if not 200 <= response.status < 300:
             return None
         ids = tools_list_ids(call)
@@ -177,7 +175,7 @@ class Mcp:
         allowed = allowed_tools(call)
         media = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
         rewrite = filter_sse if media == "text/event-stream" else filter_json
-        return rewrite(chunks, ids, allowed, limit)
+        return lambda chunks, limit: rewrite(chunks, ids, allowed, limit)
 
     def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
         if isinstance(err, TokenError):

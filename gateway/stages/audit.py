@@ -11,7 +11,14 @@ import logging
 import time
 from collections.abc import Sequence
 
-from gateway.audit_record import MAX_PATH, AuditRecord, BodyMac, names, timestamp
+from gateway.audit_record import (
+    AUDIT_RECORD_VERSION,
+    MAX_PATH,
+    AuditRecord,
+    BodyMac,
+    names,
+    timestamp,
+)
 from gateway.call import Call, CallObserver
 from gateway.policy.model import METHODS
 
@@ -25,42 +32,50 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     claims = call.claims
     target = call.target
     err = call.error
-    query: tuple[str, ...] = ()
+    method = call.method
     if target is not None:
         path = "/" + target.upstream + target.rest
-        if target.query_pairs:
-            query = names(mac, [name for name, _ in target.query_pairs])
     else:
         path = call.raw_target.partition("?")[0]
-    request_body = call.request_digest
-    if request_body is None and call.body is not None:
-        request_body = mac.of(call.body)
+    record: AuditRecord = {
+        "v": AUDIT_RECORD_VERSION,
+        "time": timestamp(call.wall_started),
+        "request_id": call.request_id,
+        "agent": claims.agent if claims else None,
+        "jti": claims.jti if claims else None,
+        "run": claims.run if claims else None,
+        "upstream": target.upstream if target else None,
+        "method": method if method in STANDARD_METHODS else mac.label(method),
+        "path": path[:MAX_PATH],
+        "rule": call.rule_id,
+        "decision": "deny" if err is not None and call.response is None else "allow",
+        "reason": err.reason.value if err is not None else "allowed",
+        "status": call.status,
+        "duration_ms": round((time.monotonic() - call.started) * 1000, 3),
+    }
+    if target is not None and target.query_pairs:
+        record["query"] = names(mac, [name for name, _ in target.query_pairs])
+    if call.request_digest is not None:
+        record["request_body"] = call.request_digest
+    elif call.body is not None:
+        record["request_body"] = mac.of(call.body)
+    if call.response_digest is not None:
+        record["response_body"] = call.response_digest
     findings = call.findings
-    tools = call.tools if call.operations else ()
-    method = call.method
-    return AuditRecord(
-        time=timestamp(call.wall_started),
-        request_id=call.request_id,
-        agent=claims.agent if claims else None,
-        jti=claims.jti if claims else None,
-        run=claims.run if claims else None,
-        upstream=target.upstream if target else None,
-        method=method if method in STANDARD_METHODS else mac.label(method),
-        path=path[:MAX_PATH],
-        query=query,
-        rule=call.rule_id,
-        decision="deny" if err is not None and call.response is None else "allow",
-        reason=err.reason.value if err is not None else "allowed",
-        status=call.status,
-        duration_ms=round((time.monotonic() - call.started) * 1000, 3),
-        request_body=request_body,
-        response_body=call.response_digest,
-        sql_kinds=names(mac, sorted(findings.sql_kinds)) if findings.sql_kinds else (),
-        sql_tables=names(mac, sorted(findings.sql_tables)) if findings.sql_tables else (),
-        tools=names(mac, tools) if tools else (),
-        approval=call.approval,
-        state_error_allowed=call.state_error_allowed,
-    )
+    if findings.sql_kinds or findings.sql_tables:
+        record["sql"] = {
+            "kinds": names(mac, sorted(findings.sql_kinds)),
+            "tables": names(mac, sorted(findings.sql_tables)),
+        }
+    if call.operations:
+        tools = call.tools
+        if tools:
+            record["tools"] = names(mac, tools)
+    if call.approval is not None:
+        record["approval"] = call.approval
+    if call.state_error_allowed:
+        record["state_error_allowed"] = True
+    return record
 
 
 class Audit:
@@ -69,6 +84,8 @@ class Audit:
         self.observers = tuple(observers)
 
     def __call__(self, call: Call) -> None:
+        if not self.observers:
+            return
         record = audit_record(call, self.mac)
         for observer in self.observers:
             try:

@@ -168,28 +168,31 @@ class Respond:
         upstream = call.response
         limit = call.upstream.max_response_body
         secret = call.injection.secret.reveal().encode() if call.injection is not None else None
-        chunks = _limited(upstream.iter_chunks(), call, limit)
-        drop = RESPONSE_DROP | connection_named(upstream.headers)
-        declared = upstream.headers.get("Content-Length")
+        headers = upstream.headers
+        drop = (
+            RESPONSE_DROP | connection_named(headers) if "Connection" in headers else RESPONSE_DROP
+        )
+        declared = headers.get("Content-Length")
+        size = int(declared) if declared is not None and declared.isdigit() else None
         try:
-            if declared is not None and declared.isdigit() and int(declared) > limit:
+            if size is not None and size > limit:
                 raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
-            rewritten = call.protocol.rewrite_response(call, upstream, chunks, limit)
+            rewriter = call.protocol.rewrite_response(call, upstream)
         except GatewayError as err:
             await upstream.close()
             call.error = err
             return refusal(call, err)
-        if rewritten is not None:
-            chunks = rewritten
-            drop = drop | {"content-length"}
-        elif (
-            declared is not None
-            and declared.isdigit()
-            and int(declared) <= SMALL_BODY
+        if rewriter is not None:
+            chunks = rewriter(_limited(upstream.iter_chunks(), call, limit), limit)
+            return await self._stream(call, upstream, chunks, drop | {"content-length"}, secret)
+        if (
+            size is not None
+            and size <= SMALL_BODY
             and call.method != "HEAD"
             and upstream.status not in NO_BODY_STATUSES
         ):
             return await _respond_small(call, upstream, drop | {"content-length"}, secret, self.mac)
+        chunks = _limited(upstream.iter_chunks(), call, limit)
         return await self._stream(call, upstream, chunks, drop, secret)
 
     async def _stream(

@@ -43,7 +43,9 @@ from gateway.transport import Transport
 
 log = logging.getLogger("capgate")
 
-Stage = Callable[[Call], Awaitable[None]]
+# A stage returns None when it is done, or an awaitable when it must wait (a body to read,
+# the state store, a person): most calls pass most stages without creating a coroutine.
+Stage = Callable[[Call], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +91,9 @@ class Pipeline:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
         try:
             for stage in self.checks:
-                await stage(call)
+                pending = stage(call)
+                if pending is not None:
+                    await pending
         except GatewayError as exc:
             call.error = exc
         except Exception as exc:

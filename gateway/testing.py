@@ -2,9 +2,7 @@
 
     policy = policy_from_text(POLICY_YAML)
     call = make_call("POST", "/db/query", body=b'{"sql": "SELECT 1"}', roles=["analyst"])
-    await Receive()(call)
-    await MatchPolicy(FixedPolicy(policy), PROTOCOLS)(call)
-    await Validate()(call)
+    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
 
 ``make_call`` gives the call verified ``Claims`` (as if ``authenticate`` had passed) unless
 ``roles`` is None. Anything that crosses HTTP is tested against the real mock servers in
@@ -13,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from multidict import CIMultiDict
@@ -30,7 +28,17 @@ __all__ = [
     "make_call",
     "make_claims",
     "policy_from_text",
+    "run_stages",
 ]
+
+
+async def run_stages(call: Call, *stages: Callable[[Call], Awaitable[None] | None]) -> Call:
+    """Run stages on ``call`` in order, as the pipeline does (awaiting those that wait)."""
+    for stage in stages:
+        pending = stage(call)
+        if pending is not None:
+            await pending
+    return call
 
 
 def make_claims(

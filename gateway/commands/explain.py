@@ -80,7 +80,9 @@ async def explain(
     stages = (Receive(), MatchPolicy(_Fixed(policy), PROTOCOLS), Validate())
     try:
         for stage in stages:
-            await stage(call)
+            pending = stage(call)
+            if pending is not None:
+                await pending
     except GatewayError as exc:
         call.error = exc
     except Exception as exc:  # the same fail-closed rule as the gateway

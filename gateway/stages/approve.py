@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 from gateway.approvals import Approvals
 from gateway.call import Call
@@ -14,15 +15,19 @@ class Approve:
         self.approvals = approvals
         self.inflight = inflight
 
-    async def __call__(self, call: Call) -> None:
+    def __call__(self, call: Call) -> Awaitable[None] | None:
+        for op in call.operations:
+            if op.governed and op.match is not None and op.match.rule.approval:
+                return self._hold(call)
+        return None
+
+    async def _hold(self, call: Call) -> None:
         assert call.claims is not None and call.target is not None
         held = [
             op.match.rule.id
             for op in call.operations
             if op.governed and op.match is not None and op.match.rule.approval
         ]
-        if not held:
-            return
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
         call.approval = await self.approvals.hold(

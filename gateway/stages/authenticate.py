@@ -35,7 +35,7 @@ class Authenticate:
         self.verifier = verifier
         self.revocation = revocation
 
-    async def __call__(self, call: Call) -> None:
+    def __call__(self, call: Call) -> None:
         values = call.headers.getall("Authorization", ())
         if not values:
             raise TokenMissing("the call carries no 'Authorization: Bearer <token>' header")

@@ -37,7 +37,7 @@ class Inject:
     def __init__(self, credentials: Credentialing) -> None:
         self.credentials = credentials
 
-    async def __call__(self, call: Call) -> None:
+    def __call__(self, call: Call) -> None:
         assert call.upstream is not None and call.claims is not None
         assert call.protocol is not None
         ops = call.operations

@@ -7,5 +7,5 @@ from gateway.target import parse_target
 
 
 class Receive:
-    async def __call__(self, call: Call) -> None:
+    def __call__(self, call: Call) -> None:
         call.target = parse_target(call.raw_target)

@@ -6,10 +6,12 @@ units of each rate and quota it falls under, exactly as three separate calls wou
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Mapping
+
 from gateway.call import Call
 from gateway.errors import StateUnavailable
 from gateway.limits import Limiter
-from gateway.policy.model import Rule
+from gateway.policy.model import Role, Rule
 from gateway.state.base import StateStore
 
 
@@ -18,7 +20,15 @@ class Throttle:
         self.state = state
         self.limiter = limiter or Limiter()
 
-    async def __call__(self, call: Call) -> None:
+    def __call__(self, call: Call) -> Awaitable[None] | None:
+        assert call.policy is not None
+        roles = call.policy.roles
+        for op in call.operations:
+            if op.governed and op.match is not None and _limited(op.match.rule, roles):
+                return self._count_all(call)
+        return None  # no limit or quota applies: the store is not asked
+
+    async def _count_all(self, call: Call) -> None:
         assert call.claims is not None and call.policy is not None
         for op in call.operations:
             if op.governed:
@@ -61,3 +71,10 @@ class Throttle:
                 call.state_error_allowed = True
                 return
             raise
+
+
+def _limited(rule: Rule, roles: Mapping[str, Role]) -> bool:
+    role = roles[rule.role]
+    return not (
+        rule.rate is None and role.rate is None and rule.quota is None and role.run_quota is None
+    )

@@ -16,15 +16,14 @@ from gateway.stages.audit import Audit, audit_record
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
 from gateway.stages.validate import Validate
-from gateway.testing import CollectingObserver, FixedPolicy, make_call
+from gateway.testing import CollectingObserver, FixedPolicy, make_call, run_stages
 
 SECRET = "hunter2-do-not-write"
 
 
 async def checked(policy: Policy, call: Call) -> Call:
     try:
-        for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate()):
-            await stage(call)
+        await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
     except GatewayError as exc:
         call.error = exc
     return call

@@ -12,13 +12,12 @@ from gateway.protocols import PROTOCOLS
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
-from gateway.testing import FixedPolicy, make_call
+from gateway.testing import FixedPolicy, make_call, run_stages
 
 
 async def injected(policy: Policy, call: Call) -> Call:
     store = CredentialStore(environ={"SVC_TOKEN": "svc-secret-0123456789"}, base_dir=Path("."))
-    for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Inject(store)):
-        await stage(call)
+    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Inject(store))
     return call
 
 

@@ -14,7 +14,7 @@ from gateway.protocols import PROTOCOLS
 from gateway.protocols.mcp import McpRequest
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
-from gateway.testing import FixedPolicy, make_call
+from gateway.testing import FixedPolicy, make_call, run_stages
 
 
 def rpc(msg_id: int | None, method: str, **params: Any) -> dict[str, Any]:
@@ -31,9 +31,7 @@ def tool(msg_id: int, name: str, **arguments: Any) -> dict[str, Any]:
 
 
 async def matched(policy: Policy, call: Call) -> Call:
-    await Receive()(call)
-    await MatchPolicy(FixedPolicy(policy), PROTOCOLS)(call)
-    return call
+    return await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS))
 
 
 def mcp_call(roles: list[str], payload: Any) -> Call:

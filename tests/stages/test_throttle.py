@@ -15,7 +15,7 @@ from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
 from gateway.stages.throttle import Throttle
 from gateway.state.memory import MemoryStore
-from gateway.testing import FixedPolicy, make_call
+from gateway.testing import FixedPolicy, make_call, run_stages
 from tests.stages.test_match_policy import rpc, tool
 
 
@@ -28,8 +28,7 @@ async def store() -> AsyncIterator[MemoryStore]:
 
 
 async def throttled(policy: Policy, store: MemoryStore, call: Call) -> Call:
-    for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Throttle(store)):
-        await stage(call)
+    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Throttle(store))
     return call
 
 

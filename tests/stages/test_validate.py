@@ -15,13 +15,12 @@ from gateway.protocols import PROTOCOLS
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
 from gateway.stages.validate import Validate
-from gateway.testing import FixedPolicy, make_call
+from gateway.testing import FixedPolicy, make_call, run_stages
 from tests.stages.test_match_policy import rpc, tool
 
 
 async def validated(policy: Policy, call: Call) -> Call:
-    for stage in (Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate()):
-        await stage(call)
+    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
     return call
 
 

@@ -175,7 +175,8 @@ class CallProtocol(Protocol):
                                             to match
     ``finish``             validate         folds payloads the checks rewrote into the
                                             bytes that will be forwarded
-    ``forwards_header``    inject           extra request headers the protocol needs
+    ``forwarded_headers``  inject           extra request headers the protocol needs (lower
+    ``..._prefixes``                        case names, and name prefixes)
     ``rewrite_response``   respond          rewrites an answer on its way back (or None)
     ``refusal``            respond          the shape of a refusal the agent's client
                                             expects (or None for problem+json)
@@ -183,15 +184,14 @@ class CallProtocol(Protocol):
     """
 
     kind: str
+    forwarded_headers: frozenset[str]
+    forwarded_header_prefixes: tuple[str, ...]
 
     async def inspect(self, call: Call) -> list[Operation]:
         """What the call asks for; raise a ``GatewayError`` when it cannot be read."""
 
     def finish(self, call: Call) -> None:
         """After every check passed: make ``call.body`` say what the checked payloads say."""
-
-    def forwards_header(self, name: str) -> bool:
-        """Whether the lower-case request header ``name`` is forwarded for this protocol."""
 
     def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
         """How to rewrite the answer's body (its length changes), or None to pass it as is."""

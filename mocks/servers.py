@@ -499,6 +499,17 @@ async def _echo_status(request: web.Request) -> web.Response:
     return web.json_response(await _echo_payload(request), status=status)
 
 
+async def _echo_reflect(request: web.Request) -> web.Response:
+    """A hostile upstream: puts the ``X-Api-Key`` it received in its reason phrase, in a
+    header name and in a header value (the body is the usual echo)."""
+    key = request.headers.get("X-Api-Key", "none")
+    return web.json_response(
+        await _echo_payload(request),
+        reason=f"OK {key}",
+        headers={f"X-Seen-{key}": "1", "X-Seen": key},
+    )
+
+
 async def _echo_sse(request: web.Request) -> web.StreamResponse:
     count = _int_param(request, "events", default=3, lo=1, hi=1000)
     delay = _float_param(request, "delay", default=0.05, lo=0.0, hi=10.0)
@@ -521,12 +532,14 @@ def echo_app() -> web.Application:
 
     Body: ``{"method", "path" (raw, without query), "query" (raw), "headers", "body"}``.
     Special paths: ``GET /echo/slow?delay=S`` sleeps first, ``GET /echo/sse?events=3`` streams
-    server-sent events, and ``/echo/status/{code}`` echoes with that HTTP status.
+    server-sent events, ``/echo/status/{code}`` echoes with that HTTP status, and
+    ``GET /echo/reflect`` also reflects the ``X-Api-Key`` in its reason phrase and headers.
     """
     app = _new_app()
     app.router.add_get("/echo/slow", _echo_slow)
     app.router.add_get("/echo/sse", _echo_sse)
     app.router.add_route("*", "/echo/status/{code}", _echo_status)
+    app.router.add_get("/echo/reflect", _echo_reflect)
     app.router.add_route("*", "/{tail:.*}", _echo)
     return app
 

@@ -384,3 +384,20 @@ async def test_mcp_batch_counts_every_message_against_rate_limits(
     )
     assert (await _answers(resp))["error"]["data"]["reason"] == "rate_limited"
     assert dict(mocks.stats("mcp")["tool_calls"]) == before
+
+
+async def test_a_reflected_credential_never_reaches_the_agent(
+    client: Any, token: Any, workspace: Workspace
+) -> None:
+    """PITFALLS (aiohttp client): an upstream can reflect the injected credential outside the
+    body and header values: in the reason phrase and in a header name. The agent gets it
+    masked, or not at all, in every place."""
+    secret = (workspace.secrets_dir / "echo-tester.key").read_text().strip()
+    resp = await client.get("/echo/echo/reflect", headers={"Authorization": f"Bearer {token()}"})
+    body = await resp.read()
+    assert resp.status == 200
+    head = (resp.reason or "") + "".join(f"{k}: {v}\n" for k, v in resp.headers.items())
+    assert secret not in head and secret.encode() not in body
+    assert resp.reason == "OK " + "*" * len(secret)
+    assert resp.headers["X-Seen"] == "*" * len(secret)
+    assert not [k for k in resp.headers if k.lower().startswith("x-seen-")]

@@ -14,15 +14,14 @@ if TYPE_CHECKING:
 
 class PlainHttp:
     kind = "http"
+    forwarded_headers: frozenset[str] = frozenset()
+    forwarded_header_prefixes: tuple[str, ...] = ()
 
     async def inspect(self, call: Call) -> list[Operation]:
         return [Operation(kind="request", method=call.method)]
 
     def finish(self, call: Call) -> None:
         return None  # the body's checks rewrite the body itself (validate)
-
-    def forwards_header(self, name: str) -> bool:
-        return False
 
     def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
         return None

@@ -123,6 +123,8 @@ def _inspection(call: Call) -> McpRequest | None:
 
 class Mcp:
     kind = "mcp"
+    forwarded_headers: frozenset[str] = REQUEST_HEADERS
+    forwarded_header_prefixes: tuple[str, ...] = (PARAM_HEADER_PREFIX,)
 
     async def inspect(self, call: Call) -> list[Operation]:
         if call.method in SESSION_METHODS:
@@ -162,9 +164,6 @@ class Mcp:
                 rewritten = True
         if rewritten:
             call.body = dump_json(request.value)
-
-    def forwards_header(self, name: str) -> bool:
-        return name in REQUEST_HEADERS or name.startswith(PARAM_HEADER_PREFIX)
 
     def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
         if not 200 <= response.status < 300:

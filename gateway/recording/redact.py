@@ -413,6 +413,10 @@ class Redactor:
             low = name.lower()
             if low in self.omit_headers:
                 continue
+            if secrets and self.text(name, secrets) != name:
+                # SECURITY: a header named after a credential (an upstream reflecting it) is
+                # not written; the gateway never passes such a header to the agent either.
+                continue
             carried = next(
                 (
                     s

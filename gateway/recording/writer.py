@@ -352,7 +352,7 @@ class RecordingWriter:
             body_value, _, spans, _ = self._body(resp.body, secrets, created)
             out: dict[str, Any] = {
                 "status": resp.status,
-                "reason": resp.reason,
+                "reason": r.text(resp.reason, secrets),
                 "headers": [list(p) for p in r.headers(resp.headers, secrets)],
                 "body": body_value,
             }

@@ -47,13 +47,19 @@ class Inject:
         else:
             named = {h for op in ops if op.match is not None for h in op.match.rule.headers}
         dropped = connection_named(call.headers) if "Connection" in call.headers else ()
-        forwards = call.protocol.forwards_header
-        out: CIMultiDict[str] = CIMultiDict()
+        extra = call.protocol.forwarded_headers
+        prefixes = call.protocol.forwarded_header_prefixes
+        pairs: list[tuple[str, str]] = []
         for name, value in call.headers.items():
             low = name.lower()
-            if low in FORWARDED_REQUEST_HEADERS or low in named or forwards(low):
-                if low not in dropped and low not in HOP_BY_HOP:
-                    out.add(name, value)
+            if (
+                low in FORWARDED_REQUEST_HEADERS
+                or low in named
+                or low in extra
+                or (prefixes and low.startswith(prefixes))
+            ) and (low not in dropped and low not in HOP_BY_HOP):
+                pairs.append((name, value))
+        out: CIMultiDict[str] = CIMultiDict(pairs)
         out["Accept-Encoding"] = "identity"
         out["X-Request-Id"] = call.request_id
         injection = self.credentials.injection(

@@ -113,19 +113,26 @@ SMALL_BODY = 64 * 1024  # bodies up to this size, of declared length, are sent i
 NO_BODY_STATUSES = frozenset({204, 304})
 
 
-def _mask_headers(
-    upstream: UpstreamResponse,
-    out: web.StreamResponse,
-    drop: AbstractSet[str],
-    secret: bytes | None,
-) -> None:
-    text_secret = secret.decode() if secret else None
+def _head(
+    call: Call, upstream: UpstreamResponse, drop: AbstractSet[str], secret: bytes | None
+) -> tuple[str | None, list[tuple[str, str]]]:
+    """The reason phrase and headers passed back, with any reflection of the injected
+    credential masked (in a value or the reason) or dropped (a header named after it)."""
+    text = secret.decode() if secret else None
+    reason = upstream.reason or None
+    if text and reason and text in reason:
+        reason = reason.replace(text, "*" * len(text))
+    headers: list[tuple[str, str]] = []
     for name, value in upstream.headers.items():
         if name.lower() in drop:
             continue
-        if text_secret and text_secret in value:
-            value = value.replace(text_secret, "*" * len(text_secret))
-        out.headers.add(name, value)
+        if text and (text in value or text in name):
+            if text in name:
+                continue
+            value = value.replace(text, "*" * len(text))
+        headers.append((name, value))
+    headers.append(("X-Request-Id", call.request_id))
+    return reason, headers
 
 
 async def _respond_small(
@@ -145,9 +152,8 @@ async def _respond_small(
         await upstream.close()  # also when a revocation cancels the call here
     if secret and secret in body:
         body = body.replace(secret, b"*" * len(secret))
-    out = web.Response(status=upstream.status, reason=upstream.reason or None, body=body)
-    _mask_headers(upstream, out, drop, secret)
-    out.headers["X-Request-Id"] = call.request_id
+    reason, headers = _head(call, upstream, drop, secret)
+    out = web.Response(status=upstream.status, reason=reason, body=body, headers=headers)
     call.status = upstream.status
     call.response_bytes = len(body)
     call.response_digest = mac.of(body)
@@ -205,9 +211,8 @@ class Respond:
     ) -> web.StreamResponse:
         request = call.request
         assert request is not None
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
-        _mask_headers(upstream, out, drop, secret)
-        out.headers["X-Request-Id"] = call.request_id
+        reason, headers = _head(call, upstream, drop, secret)
+        out = web.StreamResponse(status=upstream.status, reason=reason, headers=headers)
         call.status = upstream.status
         scrub = Scrubber(secret) if secret else None
         hasher = self.mac.stream()

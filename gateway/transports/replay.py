@@ -120,6 +120,14 @@ class Unmarker:
         tail, self.tail = self.tail, b""
         return tail
 
+    @classmethod
+    def whole(cls, mapping: Mapping[bytes, bytes], text: str) -> str:
+        """One complete text (a header value, a reason phrase) with its markers put back."""
+        if not mapping:
+            return text
+        unmarker = cls(mapping)
+        return (unmarker.feed(text.encode()) + unmarker.flush()).decode()
+
 
 def _markers(request: UpstreamRequest | None) -> dict[bytes, bytes]:
     injection = request.injection if request is not None else None
@@ -140,7 +148,7 @@ class ReplayResponse:
         self._pace = pace
         self._markers = _markers(request)
         self.status = resp.status
-        self.reason = resp.reason
+        self.reason = Unmarker.whole(self._markers, resp.reason) if resp.reason else resp.reason
         self.headers: CIMultiDict[str] = CIMultiDict(
             (name, self._header(value)) for name, value in resp.headers
         )
@@ -154,8 +162,7 @@ class ReplayResponse:
             marker = f"[secret:{value['secret']}]".encode()
             if marker in self._markers:
                 return self._markers[marker].decode()
-        text = header_text(value)
-        return Unmarker(self._markers).feed(text.encode()).decode() if self._markers else text
+        return Unmarker.whole(self._markers, header_text(value))
 
     def _length(self) -> int:
         body = self._entry.response.body if self._entry.response else None

@@ -57,7 +57,6 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -1273,13 +1272,13 @@ class AuditScan:
 
     lines: int = 0
     agents: set[str] = field(default_factory=set)
-    sql_texts: int = 0  # lines whose facts carry the JSON body's ``sql``
+    sql_texts: int = 0  # lines of allowed SQL calls (``sql`` set) with a body digest
     sql_distinct: int = 0
 
 
 def scan_audit(path: Path) -> AuditScan:
     out = AuditScan()
-    digests: set[bytes] = set()
+    digests: set[str] = set()
     with contextlib.suppress(OSError), path.open("rb") as fh:
         for line in fh:
             out.lines += 1
@@ -1289,10 +1288,11 @@ def scan_audit(path: Path) -> AuditScan:
                 continue
             if isinstance(agent := record.get("agent"), str):
                 out.agents.add(agent)
-            body = (record.get("facts") or {}).get("json")
-            if isinstance(body, dict) and isinstance(sql := body.get("sql"), str):
+            # The audit never holds the SQL text: distinct bodies have distinct keyed digests.
+            body = record.get("request_body")
+            if record.get("sql") and isinstance(body, dict) and isinstance(body.get("hmac"), str):
                 out.sql_texts += 1
-                digests.add(hashlib.blake2b(sql.encode(), digest_size=16).digest())
+                digests.add(body["hmac"])
     out.sql_distinct = len(digests)
     return out
 
@@ -1578,10 +1578,11 @@ def _check_audit(
         sent = target.body_seq.next - 1
         notes.append(
             f"{sc.name}: {sent} bodies sent, each with its own n (1..{sent}); the audit"
-            f" shows {seen.sql_distinct} distinct SQL texts in {seen.sql_texts} lines"
+            f" shows {seen.sql_distinct} distinct bodies (keyed digests) in {seen.sql_texts}"
+            " SQL lines"
         )
         if seen.sql_texts and seen.sql_distinct != seen.sql_texts:
-            raise BenchError(f"{sc.name}: the audit shows a SQL text seen twice")
+            raise BenchError(f"{sc.name}: the audit shows a SQL body seen twice")
 
 
 def _report(

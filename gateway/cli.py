@@ -7,6 +7,7 @@
     capgate policy check FILE...
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
+    capgate policy schema
     capgate audit verify FILE
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR | export-har DIR [--out FILE] | import-har HAR DIR --map URL=UP
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--body", "-d", help="request body, or @FILE")
     pe.add_argument("method")
     pe.add_argument("url")
+    psub.add_parser(
+        "schema", help="print the JSON Schema of the policy file (for editors and linters)"
+    )
     pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
     pt.add_argument("--policy", required=True, type=Path)
     pt.add_argument("recording", type=Path)
@@ -268,6 +272,11 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy.load import load_policy
     from gateway.policy_file import PolicyError
 
+    if args.policy_command == "schema":
+        from gateway.policy.spec import policy_schema
+
+        print(json.dumps(policy_schema(), indent=2))
+        return EXIT_OK
     if args.policy_command == "test":
         from gateway.commands.recording import cmd_policy_test
 

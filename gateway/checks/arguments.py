@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
@@ -32,6 +33,12 @@ class ArgumentsCheck:
                 rule=self.rule_id,
                 errors=errors,
             )
+
+
+ARGUMENTS_KEY_SCHEMA: dict[str, Any] = {
+    "type": ["object", "boolean"],
+    "description": "MCP: a JSON Schema (Draft 2020-12) for the tool call's arguments",
+}
 
 
 def compile_arguments(node: Node, context: CheckContext) -> ArgumentsCheck | None:

@@ -82,6 +82,22 @@ class BodyCheck:
             )
 
 
+# The ``body:`` key, as the policy file's JSON Schema describes it (``policy/spec.py``).
+BODY_KEY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "the JSON body: a JSON Schema (Draft 2020-12) and a size limit",
+    "properties": {
+        "schema": {"type": ["object", "boolean"], "description": "the body's JSON Schema"},
+        "max_size": {
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+            "description": "largest body this rule takes (a size such as 16KiB)",
+        },
+    },
+    "required": ["schema"],
+    "additionalProperties": False,
+}
+
+
 def compile_body(node: Node, context: CheckContext) -> BodyCheck | None:
     if context.tool is not None or context.upstream_kind == "mcp":
         node.fail(

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from yarl import URL
 
 from gateway.checks import PAYLOAD_CHECKS, CheckContext, PayloadCheck
+from gateway.policy import spec
 from gateway.policy.model import (
     METHODS,
     Constraint,
@@ -55,30 +56,12 @@ RESERVED_HEADERS = frozenset(
     }
 )
 
-RULE_KEYS = (
-    "id",
-    "upstream",
-    "allow",
-    "description",
-    "params",
-    "query",
-    "allow_extra_query",
-    "headers",
-    "tool",
-    "approval",
-    "rate",
-    "quota",
-    "volatile",
-    "replay",
-    "on_state_error",
-)
-
 
 def load_policy(path: str | Path, text: str | None = None) -> Policy:
     """Load and compile a policy file; raise ``PolicyError`` with every problem found."""
     root = read_document(path, text)
     raw_text = text if text is not None else Path(path).read_text("utf-8")
-    doc = root.as_map(required=("version", "upstreams", "roles"), optional=("description",))
+    doc = root.as_map(required=spec.DOCUMENT.required, optional=spec.DOCUMENT.optional)
     if doc is None:
         raise PolicyError(root.issues)
     if "version" in doc:
@@ -118,10 +101,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
     name = key.value
     if not UPSTREAM_NAME.fullmatch(name):
         key.fail(f"upstream name {name!r} must be lower-case letters, digits, '-' or '_'")
-    m = node.as_map(
-        required=("url",),
-        optional=("kind", "timeouts", "limits", "credentials", "description"),
-    )
+    m = node.as_map(required=spec.UPSTREAM.required, optional=spec.UPSTREAM.optional)
     if m is None:
         return None
     url: URL | None = None
@@ -148,13 +128,13 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
     kind = m["kind"].as_choice(("http", "mcp")) if "kind" in m else "http"
     connect, read = 5.0, 30.0
     if "timeouts" in m:
-        t = m["timeouts"].as_map(optional=("connect", "read"))
+        t = m["timeouts"].as_map(optional=spec.TIMEOUTS.optional)
         if t:
             connect = _positive(t, "connect", connect, "as_duration")
             read = _positive(t, "read", read, "as_duration")
     req_limit, resp_limit = 1024 * 1024, 16 * 1024 * 1024
     if "limits" in m:
-        lim = m["limits"].as_map(optional=("request_body", "response_body"))
+        lim = m["limits"].as_map(optional=spec.LIMITS.optional)
         if lim:
             if "request_body" in lim:
                 req_limit = _positive(lim, "request_body", req_limit, "as_size")
@@ -189,7 +169,7 @@ def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:
 
 
 def _credentials(upstream: str, node: Node) -> Credentials | None:
-    m = node.as_map(required=("type",), optional=("secret", "header", "prefix", "audience", "ttl"))
+    m = node.as_map(required=spec.CREDENTIALS.required, optional=spec.CREDENTIALS.optional)
     if m is None or "type" not in m:
         return None
     kind = m["type"].as_choice(("none", "bearer", "header", "agent-jwt"))
@@ -237,7 +217,7 @@ def _role(
     name = key.value
     if not NAME.fullmatch(name):
         key.fail(f"role name {name!r} must be letters, digits, '.', '-' or '_'")
-    m = node.as_map(required=("rules",), optional=("description", "rate", "quota"))
+    m = node.as_map(required=spec.ROLE.required, optional=spec.ROLE.optional)
     if m is None:
         return None
     rate = _rate(m["rate"]) if "rate" in m else None
@@ -285,8 +265,7 @@ def _rule(
     declared: frozenset[str] = frozenset(),
 ) -> Rule | None:
     m = node.as_map(
-        required=("id", "upstream", "allow"),
-        optional=RULE_KEYS + tuple(PAYLOAD_CHECKS),
+        required=spec.RULE.required, optional=spec.RULE.optional + tuple(PAYLOAD_CHECKS)
     )
     if m is None:
         return None
@@ -405,7 +384,7 @@ def _rule_behaviour(
     volatile = _volatile(m["volatile"]) if "volatile" in m else ()
     repeat_last = False
     if "replay" in m:
-        replay = m["replay"].as_map(optional=("repeat_last",))
+        replay = m["replay"].as_map(optional=spec.REPLAY.optional)
         if replay and "repeat_last" in replay:
             repeat_last = bool(replay["repeat_last"].as_bool())
     on_state_error = (
@@ -417,9 +396,9 @@ def _rule_behaviour(
 def _payload_checks(m: dict[str, Node], context: CheckContext) -> tuple[PayloadCheck, ...]:
     """The payload checks (``sql``, ...) a rule names, each compiled by its check."""
     checks: list[PayloadCheck] = []
-    for key, compiler in PAYLOAD_CHECKS.items():
+    for key, kind in PAYLOAD_CHECKS.items():
         if key in m:
-            check = compiler(m[key], context)
+            check = kind.compile(m[key], context)
             if check is not None:
                 checks.append(check)
     return tuple(checks)
@@ -486,9 +465,7 @@ def _constraint(name: str, node: Node) -> Constraint | None:
     if isinstance(node.value, list):  # shorthand: a list of allowed values
         values = node.as_str_list()
         return Constraint(name=name, enum=frozenset(values)) if values is not None else None
-    m = node.as_map(
-        optional=("required", "enum", "regex", "integer", "min", "max", "max_length", "repeat")
-    )
+    m = node.as_map(optional=spec.CONSTRAINT.optional)
     if m is None:
         return None
     enum = None

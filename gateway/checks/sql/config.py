@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from gateway.checks.sql.adapter import SqlBodyCheck
 from gateway.checks.sql.limits import MAX_SQL_LENGTH
+from gateway.checks.sql.options import DIALECTS, SqlFamily, SqlKind
 from gateway.checks.sql.policy import SqlPolicy
 from gateway.checks.sql.settings import SettingProblem, SqlSettings, SqlSettingsError
 from gateway.payload import CheckContext
@@ -45,6 +46,43 @@ SQL_KEYS = (
     "allow",
     "max_length",
 )
+
+
+def _strings(description: str, items: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "array", "items": items or {"type": "string"}, "description": description}
+
+
+# The ``sql:`` key, as the policy file's JSON Schema describes it (``policy/spec.py``).
+SQL_KEY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "SQL in the call, checked as the database reads it",
+    "properties": {
+        "dialect": {"enum": list(DIALECTS), "description": "the database's SQL dialect"},
+        "field": {"type": "string", "description": "the JSON body field holding the SQL"},
+        "body": {"enum": ["raw"], "description": "raw: the whole body is the SQL"},
+        "argument": {"type": "string", "description": "MCP: the tool argument holding it"},
+        "statements": _strings(
+            "statement kinds allowed (default select)", {"enum": [k.value for k in SqlKind]}
+        ),
+        "max_statements": {"type": "integer", "minimum": 1, "description": "default 1"},
+        "tables": _strings("the only tables the SQL may name"),
+        "default_schema": {"type": "string", "description": "schema of unqualified names"},
+        "schema": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            "description": "table -> its columns (needed to see denied columns behind *)",
+        },
+        "schema_file": {"type": "string", "description": "the same, in a YAML/JSON file"},
+        "deny_columns": _strings("table.column pairs never read or written"),
+        "functions": _strings("functions allowed beyond the safe default list"),
+        "max_limit": {"type": "integer", "minimum": 1, "description": "largest LIMIT"},
+        "add_limit": {"type": "boolean", "description": "add LIMIT max_limit when absent"},
+        "allow": _strings("constructs denied unless named", {"enum": [f.value for f in SqlFamily]}),
+        "max_length": {"type": "integer", "minimum": 1, "description": "longest SQL text"},
+    },
+    "required": ["dialect", "tables"],
+    "additionalProperties": False,
+}
 
 
 class _Schema:

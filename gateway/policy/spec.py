@@ -1,0 +1,252 @@
+"""The policy file's vocabulary, as data: every section, every key, what its value may be.
+
+``load.py`` reads the keys each section allows from here (``Section.required``/``optional``),
+and ``policy_schema()`` turns the same tables, with each payload check's own schema, into a
+JSON Schema (Draft 2020-12) of the whole file, for editors and linters. The loader stays
+the authority on meaning (cross-references, regexes that compile, paths that parse); the
+schema says what can be written, with a description for every key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.checks import PAYLOAD_CHECKS
+from gateway.policy.model import METHODS
+
+JSON = dict[str, Any]
+
+DURATION: JSON = {
+    "description": "a duration: seconds, or a number with ms, s, m, h or d (30s, 5m)",
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"},
+    ],
+}
+SIZE: JSON = {
+    "description": "a size: bytes, or a number with B, KiB, MiB, GiB, KB, MB or GB",
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*\d+\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$"},
+    ],
+}
+RATE: JSON = {
+    "type": "string",
+    "description": "calls per unit, optionally with a burst: 60/minute, 3/hour burst 1",
+    "pattern": r"^\s*[0-9]+\s*/\s*[A-Za-z]+(\s+burst\s+[0-9]+)?\s*$",
+}
+TEXT: JSON = {"type": "string"}
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A mapping in the policy file: the keys it may hold."""
+
+    name: str
+    description: str
+    keys: tuple[Key, ...]
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.keys if k.required)
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.keys if not k.required)
+
+    def schema(self, extra: Mapping[str, Mapping[str, Any]] | None = None) -> JSON:
+        properties: JSON = {k.name: {**k.schema, "description": k.description} for k in self.keys}
+        properties.update(extra or {})
+        return {
+            "type": "object",
+            "description": self.description,
+            "properties": properties,
+            "required": list(self.required),
+            "additionalProperties": False,
+        }
+
+
+TIMEOUTS = Section(
+    "timeouts",
+    "How long the gateway waits for the upstream.",
+    (
+        Key("connect", "to open a connection (default 5s)", DURATION),
+        Key("read", "between two reads of the answer (default 30s)", DURATION),
+    ),
+)
+LIMITS = Section(
+    "limits",
+    "Largest bodies, refused beyond (payload_too_large).",
+    (
+        Key("request_body", "largest request body (default 1MiB)", SIZE),
+        Key("response_body", "largest response body (default 16MiB)", SIZE),
+    ),
+)
+CREDENTIALS = Section(
+    "credentials",
+    "How the gateway authenticates to the upstream; the agent never sees the value.",
+    (
+        Key(
+            "type",
+            "none, bearer (Authorization: Bearer), header (a named header), agent-jwt (a "
+            "short-lived JWT the gateway signs for each agent)",
+            {"enum": ["none", "bearer", "header", "agent-jwt"]},
+            required=True,
+        ),
+        Key(
+            "secret",
+            "bearer/header: env:NAME or file:PATH, either may contain {agent}",
+            {"type": "string", "pattern": r"^(env:[A-Za-z_][A-Za-z0-9_{}]*|file:.+)$"},
+        ),
+        Key("header", "header: the header's name", TEXT),
+        Key("prefix", "header: text put before the secret", TEXT),
+        Key("audience", "agent-jwt: the aud claim (default: the upstream's name)", TEXT),
+        Key("ttl", "agent-jwt: lifetime, 10s to 1h (default 5m)", DURATION),
+    ),
+)
+UPSTREAM = Section(
+    "upstream",
+    "Where calls to /<name>/... go.",
+    (
+        Key(
+            "url",
+            "http(s) URL without query, fragment or credentials",
+            {"type": "string", "pattern": "^https?://"},
+            required=True,
+        ),
+        Key("kind", "the protocol: http (default) or mcp", {"enum": ["http", "mcp"]}),
+        Key("timeouts", TIMEOUTS.description, TIMEOUTS.schema()),
+        Key("limits", LIMITS.description, LIMITS.schema()),
+        Key("credentials", CREDENTIALS.description, CREDENTIALS.schema()),
+        Key("description", "for people", TEXT),
+    ),
+)
+_SCALAR = {"type": ["string", "integer", "number", "boolean"]}
+CONSTRAINT = Section(
+    "constraint",
+    "What one path parameter, query parameter or header value may be.",
+    (
+        Key("required", "it must be present", {"type": "boolean"}),
+        Key("enum", "the only values allowed", {"type": "array", "items": _SCALAR}),
+        Key("regex", "a regular expression the whole value must match", TEXT),
+        Key("integer", "the value must be a decimal integer", {"type": "boolean"}),
+        Key("min", "smallest integer allowed", {"type": "integer"}),
+        Key("max", "largest integer allowed", {"type": "integer"}),
+        Key("max_length", "longest value allowed (default 1024)", {"type": "integer"}),
+        Key("repeat", "the name may appear more than once", {"type": "boolean"}),
+    ),
+)
+_CONSTRAINTS: JSON = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [CONSTRAINT.schema(), {"type": "array", "items": _SCALAR}],
+    },
+}
+REPLAY = Section(
+    "replay",
+    "How replay answers this rule's calls.",
+    (
+        Key(
+            "repeat_last",
+            "answer calls beyond the recorded ones with the last recording",
+            {"type": "boolean"},
+        ),
+    ),
+)
+RULE = Section(
+    "rule",
+    "One kind of call a role may make; every call needs a rule that allows it.",
+    (
+        Key("id", "unique id, named in denials and audit lines", TEXT, required=True),
+        Key("upstream", "the upstream's name", TEXT, required=True),
+        Key(
+            "allow",
+            "'METHOD /path', the path relative to the upstream, {name} for one segment",
+            {"type": "string", "pattern": "^(" + "|".join(METHODS) + ") /"},
+            required=True,
+        ),
+        Key("description", "for people", TEXT),
+        Key("params", "constraints on the path's {parameters}", _CONSTRAINTS),
+        Key("query", "constraints on query parameters (others are refused)", _CONSTRAINTS),
+        Key("allow_extra_query", "let query parameters not listed pass", {"type": "boolean"}),
+        Key("headers", "headers let through to the upstream, with constraints", _CONSTRAINTS),
+        Key("tool", "MCP: the tool this rule allows", TEXT),
+        Key(
+            "approval",
+            "required: a person approves each call first",
+            {"enum": ["required", "none"]},
+        ),
+        Key("rate", "the rule's rate per agent", RATE),
+        Key("quota", "calls per run to this rule", {"type": "integer", "minimum": 1}),
+        Key(
+            "volatile",
+            "fields recordings match loosely: /json/pointer, query:name or body",
+            {"type": "array", "items": TEXT},
+        ),
+        Key("replay", REPLAY.description, REPLAY.schema()),
+        Key(
+            "on_state_error",
+            "when the state store is down: deny (default) or allow",
+            {"enum": ["deny", "allow"]},
+        ),
+    ),
+)
+ROLE = Section(
+    "role",
+    "What an agent holding this role may do.",
+    (
+        Key("rules", "the calls the role allows", {"type": "array", "items": {}}, required=True),
+        Key("description", "for people", TEXT),
+        Key("rate", "one rate for all the role's rules, per agent", RATE),
+        Key("quota", "calls per run under this role", {"type": "integer", "minimum": 1}),
+    ),
+)
+DOCUMENT = Section(
+    "policy",
+    "A capgate policy: upstreams, and roles of rules. Anything not allowed is denied.",
+    (
+        Key("version", "the format's version", {"const": 1}, required=True),
+        Key("upstreams", "by name", {"type": "object"}, required=True),
+        Key("roles", "by name", {"type": "object"}, required=True),
+        Key("description", "for people", TEXT),
+    ),
+)
+
+
+def policy_schema() -> JSON:
+    """A JSON Schema (Draft 2020-12) of the policy file, from the tables above and each
+    payload check's own schema."""
+    checks = {key: {**entry.schema} for key, entry in PAYLOAD_CHECKS.items()}
+    rule = RULE.schema(checks)
+    role = ROLE.schema()
+    role["properties"]["rules"] = {
+        **role["properties"]["rules"],
+        "items": rule,
+    }
+    doc = DOCUMENT.schema()
+    doc["properties"]["upstreams"] = {
+        **doc["properties"]["upstreams"],
+        "minProperties": 1,
+        "propertyNames": {"pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"},
+        "additionalProperties": UPSTREAM.schema(),
+    }
+    doc["properties"]["roles"] = {
+        **doc["properties"]["roles"],
+        "additionalProperties": role,
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://capgate.dev/schemas/policy-v1.json",
+        "title": "capgate policy",
+        **doc,
+    }

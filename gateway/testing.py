@@ -50,18 +50,7 @@ def make_claims(
     jti: str = "test-jti",
 ) -> Claims:
     """Claims as ``authenticate`` would set them for a valid token."""
-    return Claims(
-        agent=agent,
-        jti=jti,
-        roles=tuple(roles),
-        caps=frozenset(caps) if caps is not None else None,
-        run=run,
-        issuer="capgate",
-        audience=("capgate",),
-        issued_at=0.0,
-        not_before=0.0,
-        expires_at=0.0,
-    )
+    return Claims.assumed(agent, roles, caps=caps, run=run, jti=jti, issuer="capgate")
 
 
 def make_call(

@@ -70,6 +70,32 @@ class Claims:
     kid: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def assumed(
+        cls,
+        agent: str,
+        roles: Iterable[str],
+        *,
+        caps: Iterable[str] | None = None,
+        run: str | None = None,
+        jti: str = "assumed",
+        issuer: str = "assumed",
+    ) -> Claims:
+        """Claims taken as given, not read from a verified token: for ``policy explain``
+        (which asks what a token with these roles could do) and for tests of one stage."""
+        return cls(
+            agent=agent,
+            jti=jti,
+            roles=tuple(roles),
+            caps=frozenset(caps) if caps is not None else None,
+            run=run,
+            issuer=issuer,
+            audience=(issuer,),
+            issued_at=0,
+            not_before=0,
+            expires_at=0,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class TokenSettings:

@@ -54,18 +54,7 @@ async def explain(
     headers: list[tuple[str, str]] | None = None,
     body: bytes | None = None,
 ) -> dict[str, Any]:
-    claims = Claims(
-        agent=agent,
-        jti="explain",
-        roles=tuple(roles),
-        caps=frozenset(caps) if caps is not None else None,
-        run=run,
-        issuer="explain",
-        audience=("explain",),
-        issued_at=0,
-        not_before=0,
-        expires_at=0,
-    )
+    claims = Claims.assumed(agent, roles, caps=caps, run=run, jti="explain", issuer="explain")
     hdrs: CIMultiDict[str] = CIMultiDict(headers or [])
     if body is not None and "Content-Type" not in hdrs:
         hdrs["Content-Type"] = "application/json"

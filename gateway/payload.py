@@ -21,7 +21,8 @@ already refuses such rules, so this only guards against a bug.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.errors import BodyInvalid
@@ -33,13 +34,13 @@ MAX_JSON_DEPTH = 64
 class Findings:
     """What the checks of one call found that the audit record may say: names, never text."""
 
-    sql_kinds: set[str] = field(default_factory=set)
-    sql_tables: set[str] = field(default_factory=set)
+    sql_kinds: frozenset[str] = frozenset()
+    sql_tables: frozenset[str] = frozenset()
     rewritten: bool = False  # a check rewrote a payload (the forwarded bytes differ)
 
-    def note_sql(self, kinds: Any, tables: Any) -> None:
-        self.sql_kinds.update(kinds)
-        self.sql_tables.update(tables)
+    def note_sql(self, kinds: Iterable[str], tables: Iterable[str]) -> None:
+        self.sql_kinds = self.sql_kinds.union(kinds)
+        self.sql_tables = self.sql_tables.union(tables)
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,6 +248,11 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
 
 
 STATE_HEALTH_EVERY = 5.0
+# A call allocates a few dozen objects; with the default first threshold (700) the young
+# generation is scanned every ~20 calls. 5000 scans it ~7x less often for the HTTP path
+# (bench: ~4% less CPU per call) while a burst of never-seen SQL (large syntax trees) keeps a
+# moderate peak (bench: ~215 MiB instead of ~145 MiB with the default, ~390 MiB at 20000).
+GC_THRESHOLDS = (5_000, 10, 10)
 
 
 async def _watch(gw: Gateway) -> None:
@@ -327,7 +332,7 @@ async def serve(
         # it out of the garbage collector's scans, which otherwise walk it on every full pass.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(20_000, 20, 20)
+        gc.set_threshold(*GC_THRESHOLDS)
         await _listen(gw, settings, admin_token, on_ready)
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
 

@@ -113,6 +113,11 @@ class BodyDigest(TypedDict):
     hmac: NotRequired[str]
 
 
+class McpSummary(TypedDict):
+    method: str  # the JSON-RPC method (for an answer: the server's request it answers)
+    name: NotRequired[str]  # the tool or prompt, the resource URI, as labels
+
+
 class SqlSummary(TypedDict):
     kinds: list[str]  # statement kinds of an allowed query
     tables: list[str]  # its tables, as the policy names them
@@ -143,7 +148,7 @@ class AuditRecord(TypedDict):
     request_body: NotRequired[BodyDigest]
     response_body: NotRequired[BodyDigest]
     sql: NotRequired[SqlSummary]
-    tools: NotRequired[list[str]]  # MCP tool names
+    mcp: NotRequired[McpSummary]  # one line per JSON-RPC message, sharing the request id
     approval: NotRequired[str]  # the approval that let the call go on
     state_error_allowed: NotRequired[bool]  # only ever True
 

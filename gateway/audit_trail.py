@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -109,9 +109,11 @@ class AuditTrail:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._fh = os.fdopen(fd, "ab", buffering=64 * 1024)
 
-    def call_ended(self, call: Call, record: AuditRecord) -> None:
-        """Observer of ended calls: one line per call, from its closed audit record only."""
-        self.append(record)
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
+        """Observer of ended calls: one line per record (per operation), from the closed
+        audit record only."""
+        for record in records:
+            self.append(record)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """One line: the record's JSON with ``prev``, the SHA-256 of the line before, last."""

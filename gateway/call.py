@@ -13,7 +13,7 @@ matched, checked, limited and counted on its own.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gateway.audit_record import AuditRecord, BodyDigest
     from gateway.credentials import Injection
     from gateway.payload import Payload
-    from gateway.policy.model import Match, Policy, Upstream
+    from gateway.policy.model import Match, Policy, Subject, Upstream
     from gateway.target import Target
     from gateway.tokens import Claims
     from gateway.transport import UpstreamResponse
@@ -37,20 +37,30 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Operation:
-    """One thing a call asks for: matched to one rule, then checked and counted under it."""
+    """One thing a call asks for: matched to one rule, then checked and counted under it.
 
-    kind: str  # "request" (a whole HTTP request), "tool" (an MCP tools/call), "protocol"
-    method: str  # the method rules are matched with
-    tool: str | None = None  # the MCP tool, for a tools/call
+    ``kind`` is "request" (a whole HTTP request), or for an MCP message what it acts on:
+    "tool", "prompt", "resource", "method" (a JSON-RPC method a rule names), or "protocol"
+    (the handshake, a listing, ping, a notification, a completion)."""
+
+    kind: str
+    method: str  # the HTTP method rules are matched with
+    subject: Subject | None = None  # what a rule must name to allow it (MCP)
+    rpc: str | None = None  # the JSON-RPC method (MCP), for the audit
     payload: Payload | None = None  # what the rule's checks read; None: the call's body
     match: Match | None = None  # set by match_policy
+
+    @property
+    def tool(self) -> str | None:
+        subject = self.subject
+        return subject[1] if subject is not None and subject[0] == "tool" else None
 
     @property
     def governed(self) -> bool:
         """Whether the matched rule's checks, limits and quotas apply to this operation.
 
-        A protocol message (an MCP handshake, ping, listing, notification) is allowed by any
-        rule on the endpoint but does nothing under it: it is not checked or counted."""
+        A protocol message is allowed by a rule (any on the endpoint, or the one naming
+        what it refers to) but does nothing under it: it is not checked or counted."""
         return self.kind != "protocol"
 
 
@@ -146,8 +156,9 @@ class CallObserver(Protocol):
     """Told of every call once it has ended (answered or refused): the audit trail, the
     trace exporter, the recorder of denials, the live event stream."""
 
-    def call_ended(self, call: Call, record: AuditRecord) -> None:
-        """Must not raise for a reason the call caused; a failure is logged by the pipeline."""
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
+        """Told once per call, with one record per operation (one for most calls; one per
+        JSON-RPC message for MCP). A failure is logged by the pipeline."""
 
 
 Rewriter = Callable[[AsyncIterator[bytes], int], AsyncIterator[bytes]]

@@ -8,7 +8,9 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
 
     GatewayError
     ├── TokenError (401)            token_missing, token_invalid, token_expired, token_revoked
-    ├── PolicyDenied (403)          no_rule, sql_denied, tool_denied, approval_denied
+    ├── PolicyDenied (403)          no_rule, sql_denied, tool_denied, mcp_denied,
+    │   │                           approval_denied
+    │   └── McpSessionUnknown (404) mcp_session_unknown
     ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
     ├── PayloadTooLarge (413)       payload_too_large
     ├── Throttled (429)             rate_limited, quota_exhausted
@@ -46,6 +48,8 @@ class Reason(StrEnum):
     BODY_INVALID = "body_invalid"
     SQL_DENIED = "sql_denied"
     TOOL_DENIED = "tool_denied"
+    MCP_DENIED = "mcp_denied"
+    MCP_SESSION_UNKNOWN = "mcp_session_unknown"
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
     RATE_LIMITED = "rate_limited"
@@ -166,6 +170,23 @@ class ToolDenied(PolicyDenied):
 
     reason = Reason.TOOL_DENIED
     title = "Tool call denied by policy"
+
+
+class McpDenied(PolicyDenied):
+    """Raised when an MCP message other than a tool call (a method, prompt, resource, or an
+    answer to the server) is not allowed by the policy, or breaks the protocol's rules."""
+
+    reason = Reason.MCP_DENIED
+    title = "MCP message denied by policy"
+
+
+class McpSessionUnknown(McpDenied):
+    """Raised when an MCP request names a session this gateway did not see opened (a client
+    must then start a new session: RFC-wise a 404, as MCP servers answer)."""
+
+    status = 404
+    reason = Reason.MCP_SESSION_UNKNOWN
+    title = "MCP session unknown"
 
 
 class ApprovalDenied(PolicyDenied):
@@ -314,6 +335,8 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.BODY_INVALID: BodyInvalid,
     Reason.SQL_DENIED: SqlDenied,
     Reason.TOOL_DENIED: ToolDenied,
+    Reason.MCP_DENIED: McpDenied,
+    Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
     Reason.RATE_LIMITED: RateLimited,

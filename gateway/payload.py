@@ -7,6 +7,7 @@ payload                what it is
 =====================  ================================================================
 ``BodyPayload``        a plain HTTP request's body (bytes, its media type, strict JSON once)
 ``ToolCallPayload``    one MCP ``tools/call`` message: the tool's name and its ``arguments``
+``PromptPayload``      one MCP ``prompts/get`` message: the prompt's name and ``arguments``
 =====================  ================================================================
 
 A check raises a ``GatewayError`` to refuse, may rewrite the payload (the SQL check adds a
@@ -50,6 +51,7 @@ class CheckContext:
     rule_id: str | None
     tool: str | None = None  # the MCP tool the rule allows
     upstream_kind: str | None = None  # http | mcp
+    prompt: str | None = None  # the MCP prompt the rule allows
 
 
 class Payload:
@@ -100,19 +102,38 @@ class BodyPayload(Payload):
         self._rewrote()
 
 
-class ToolCallPayload(Payload):
-    """One MCP ``tools/call``: which tool, with which arguments (a JSON object)."""
+class ArgumentsPayload(Payload):
+    """The arguments (a JSON object) an MCP message passes to a named tool or prompt."""
 
-    __slots__ = ("tool", "arguments")
+    __slots__ = ("name", "arguments")
+    what = "tool"
 
-    def __init__(self, tool: str, arguments: dict[str, Any], findings: Findings) -> None:
+    def __init__(self, name: str, arguments: dict[str, Any], findings: Findings) -> None:
         super().__init__(findings)
-        self.tool = tool
+        self.name = name
         self.arguments = arguments
+
+    @property
+    def tool(self) -> str:
+        return self.name
 
     def replace_argument(self, name: str, value: Any) -> None:
         self.arguments[name] = value
         self._rewrote()
+
+
+class ToolCallPayload(ArgumentsPayload):
+    """One MCP ``tools/call``: which tool, with which arguments."""
+
+    __slots__ = ()
+    what = "tool"
+
+
+class PromptPayload(ArgumentsPayload):
+    """One MCP ``prompts/get``: which prompt, with which arguments."""
+
+    __slots__ = ()
+    what = "prompt"
 
 
 class PayloadCheck(Protocol):

@@ -1,6 +1,7 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> authenticate -> match_policy -> validate -> throttle -> approve -> inject
+    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
+            -> inject
             -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -32,9 +33,10 @@ from gateway.stages.audit import Audit
 from gateway.stages.authenticate import Authenticate, RevocationCheck
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
-from gateway.stages.match_policy import MatchPolicy, PolicySource
+from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
 from gateway.stages.respond import Respond, refusal
+from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
@@ -76,8 +78,9 @@ class Pipeline:
         self.revocation = RevocationCheck(services.state)
         self.checks: tuple[Stage, ...] = (
             Receive(),
+            Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
-            MatchPolicy(services.policies, services.protocols),
+            MatchPolicy(),
             Validate(),
             Throttle(services.state),
             Approve(services.approvals, services.inflight),

@@ -22,6 +22,7 @@ attribute                         value
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -78,8 +79,9 @@ class Telemetry:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def call_ended(self, call: Call, audit: AuditRecord) -> None:
-        """One span for the call that just ended, from its audit record and nothing else."""
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
+        """One span for the call that just ended, from its (first) audit record only."""
+        audit = records[0]
         if self._tracer is None:
             return
         attributes = {

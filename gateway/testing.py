@@ -2,7 +2,7 @@
 
     policy = policy_from_text(POLICY_YAML)
     call = make_call("POST", "/db/query", body=b'{"sql": "SELECT 1"}', roles=["analyst"])
-    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
+    await run_stages(call, *matching(policy), Validate())
 
 ``make_call`` gives the call verified ``Claims`` (as if ``authenticate`` had passed) unless
 ``roles`` is None. Anything that crosses HTTP is tested against the real mock servers in
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from multidict import CIMultiDict
@@ -28,8 +28,19 @@ __all__ = [
     "make_call",
     "make_claims",
     "policy_from_text",
+    "matching",
     "run_stages",
 ]
+
+
+def matching(policy: Policy) -> tuple[Callable[[Call], Awaitable[None] | None], ...]:
+    """The stages that read a call and match it to ``policy`` (receive, route, match)."""
+    from gateway.protocols import PROTOCOLS
+    from gateway.stages.match_policy import MatchPolicy
+    from gateway.stages.receive import Receive
+    from gateway.stages.route import Route
+
+    return (Receive(), Route(FixedPolicy(policy), PROTOCOLS), MatchPolicy())
 
 
 async def run_stages(call: Call, *stages: Callable[[Call], Awaitable[None] | None]) -> Call:
@@ -91,11 +102,11 @@ class FixedPolicy:
 class CollectingObserver:
     """An observer of ended calls that keeps what it was told."""
 
-    ended: list[tuple[Call, AuditRecord]] = field(default_factory=list)
+    ended: list[tuple[Call, Sequence[AuditRecord]]] = field(default_factory=list)
 
-    def call_ended(self, call: Call, record: AuditRecord) -> None:
-        self.ended.append((call, record))
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
+        self.ended.append((call, records))
 
     @property
     def records(self) -> list[AuditRecord]:
-        return [record for _, record in self.ended]
+        return [record for _, records in self.ended for record in records]

@@ -707,3 +707,64 @@ def db_app(db_path: str | None = None, tokens: Collection[str] | None = None) ->
     app.router.add_get(CONTROL_PREFIX + "stats", _db_stats)
     app.router.add_delete(CONTROL_PREFIX + "stats", _db_reset_stats)
     return app
+
+
+# ------------------------------------------------------------------ a batch-accepting MCP server
+
+MCP_BATCH_TOOL_CALLS: web.AppKey[dict[str, int]] = web.AppKey("mcp_batch_tool_calls")
+_BATCH_TOOLS = ("get_order", "search_orders", "run_sql")
+
+
+def _batch_answer(app: web.Application, msg: Any) -> dict[str, Any] | None:
+    if not isinstance(msg, dict):
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "invalid"}}
+    method, msg_id, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
+    if "id" not in msg:
+        return None  # a notification
+    if method == "initialize":
+        result: dict[str, Any] = {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "mock-batch-mcp", "version": "1"},
+        }
+    elif method == "ping":
+        result = {}
+    elif method == "tools/list":
+        result = {"tools": [{"name": n, "inputSchema": {"type": "object"}} for n in _BATCH_TOOLS]}
+    elif method == "tools/call" and params.get("name") in _BATCH_TOOLS:
+        calls = app[MCP_BATCH_TOOL_CALLS]
+        calls[params["name"]] = calls.get(params["name"], 0) + 1
+        text = json.dumps({"tool": params["name"], "arguments": params.get("arguments", {})})
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+    else:
+        return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32601, "message": "no method"}}
+    return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+
+async def _mcp_batch(request: web.Request) -> web.Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _bad_request("not JSON")
+    messages = body if isinstance(body, list) else [body]
+    answers = [a for a in (_batch_answer(request.app, m) for m in messages) if a is not None]
+    headers = {"Mcp-Session-Id": "batch-session-1"}
+    if not answers:
+        return web.Response(status=202, headers=headers)
+    payload = answers if isinstance(body, list) else answers[0]
+    return web.json_response(payload, headers=headers)
+
+
+async def _mcp_batch_stats(request: web.Request) -> web.Response:
+    return web.json_response({"tool_calls": request.app[MCP_BATCH_TOOL_CALLS]})
+
+
+def mcp_batch_app() -> web.Application:
+    """An MCP server over plain HTTP (JSON answers, no streams) that takes JSON-RPC batches,
+    as older MCP versions allowed: ``POST /mcp``. Its tools (``get_order``, ``search_orders``,
+    ``run_sql``) echo their arguments; ``GET /_mock/stats`` counts the calls of each."""
+    app = _new_app()
+    app[MCP_BATCH_TOOL_CALLS] = {}
+    app.router.add_post("/mcp", _mcp_batch)
+    app.router.add_get(CONTROL_PREFIX + "stats", _mcp_batch_stats)
+    return app

@@ -250,7 +250,8 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
 
     audit, spans = _written(c)
     lines = [json.loads(line) for line in audit.splitlines()]
-    assert len(lines) == 14
+    # One line per call, but one per JSON-RPC message for MCP (a refused batch too).
+    assert len(lines) == 17
     # aiohttp's access log belongs to the test server; `capgate serve` runs without one.
     logs = "\n".join(r.getMessage() for r in caplog.records if r.name != "aiohttp.access").encode()
     forbidden = [s.encode() for s in secrets.values()] + [
@@ -289,7 +290,7 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
         "request_body",
         "response_body",
         "sql",
-        "tools",
+        "mcp",
         "approval",
         "state_error_allowed",
         "prev",
@@ -304,11 +305,22 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
     digest = allowed_sql["request_body"]
     assert digest["size"] > 0 and len(digest["hmac"]) == 64
     assert allowed_sql["response_body"]["size"] > 0
-    # The allowed MCP tool call names its tool, and its SQL by kinds and tables only.
-    run_sql = lines[9]
-    assert (run_sql["decision"], run_sql["tools"]) == ("allow", ["run_sql"])
+    # The allowed MCP tool call names its method and tool, and its SQL by kinds and tables.
+    [run_sql] = [
+        line
+        for line in lines
+        if line.get("mcp") == {"method": "tools/call", "name": "run_sql"}
+        and line["decision"] == "allow"
+    ]
+    assert run_sql["rule"] == "mcp-run-sql"
     assert run_sql["sql"] == {"kinds": ["select"], "tables": ["orders"]}
-    assert lines[11]["decision"] == "deny" and lines[11]["tools"] == ["get_order", "run_sql"]
+    # A batch is refused whole (this upstream takes none), one line per message.
+    batch = [line for line in lines if line["reason"] == "mcp_denied"]
+    assert len({line["request_id"] for line in batch}) == 2 and len(batch) == 5
+    assert [line["mcp"]["name"] for line in batch[:3]] == ["get_order", "run_sql", "run_sql"]
+    # The handshake and notifications are allowed by the endpoint, not by a rule.
+    [init] = [line for line in lines if line.get("mcp", {}).get("method") == "initialize"]
+    assert init["rule"] is None and init["decision"] == "allow"
 
 
 async def test_audit_body_digest_is_keyed_not_a_plain_hash(
@@ -338,52 +350,128 @@ async def test_audit_body_digest_is_keyed_not_a_plain_hash(
     assert line["request_body"]["hmac"] == hmac.new(key, body, "sha256").hexdigest()
 
 
+BATCH_POLICY = """
+version: 1
+upstreams:
+  tools: {url: "URL", kind: mcp, mcp: {batches: true}}
+roles:
+  order-support:
+    rules:
+      - id: mcp-get-order
+        upstream: tools
+        allow: POST /mcp
+        tool: get_order
+        rate: 2/hour
+        arguments:
+          type: object
+          required: [order_id]
+          additionalProperties: false
+          properties: {order_id: {type: integer, minimum: 1}}
+      - id: mcp-run-sql
+        upstream: tools
+        allow: POST /mcp
+        tool: run_sql
+        sql: {argument: sql, dialect: sqlite, tables: [orders], max_limit: 100, add_limit: true}
+"""
+
+
+@pytest.fixture
+async def batches(
+    aiohttp_server: Any, serve_gateway: Any, workspace: Workspace, tmp_path: Path
+) -> Any:
+    """A gateway in front of an MCP server that takes JSON-RPC batches (``mocks.servers``)."""
+    from mocks.servers import MCP_BATCH_TOOL_CALLS, mcp_batch_app
+
+    app = mcp_batch_app()
+    server = await aiohttp_server(app)
+    policy = tmp_path / "batch-policy.yaml"
+    policy.write_text(BATCH_POLICY.replace("URL", str(server.make_url("")).rstrip("/")))
+    settings = load_settings(
+        {
+            "policy": str(policy),
+            "jwks": str(workspace.jwks),
+            "audit": str(tmp_path / "audit.jsonl"),
+        },
+        {},
+    )
+    gw = build_gateway(settings, workspace.environ())
+    client = await serve_gateway(gw)
+    client.gw = gw
+    client.calls = app[MCP_BATCH_TOOL_CALLS]
+    client.requests = app
+    client.audit_path = tmp_path / "audit.jsonl"
+    client.gw_headers = await _mcp_session(client, workspace.token("mcp-bot", ["order-support"]))
+    return client
+
+
 async def test_mcp_batch_cannot_smuggle_unchecked_tool_calls(
-    example: Any, workspace: Workspace, mocks: Mocks
+    example: Any, batches: Any, workspace: Workspace, mocks: Mocks
 ) -> None:
     """CG-2026-02: in a JSON-RPC batch only the first distinct tool was checked, so later
     messages skipped their argument schema, SQL check, rate limit and quota (``SELECT name,
-    ssn FROM customers`` and an ``UPDATE`` ran behind an allowed ``get_order``). No message of
-    a batch may reach the server unchecked."""
-    headers = await _mcp_session(example, workspace.token("mcp-bot", ["order-support"]))
-    before = dict(mocks.stats("mcp")["tool_calls"])
-    resp = await example.post(
-        "/tools/mcp",
-        headers=headers,
-        json=[
-            _rpc(1, "get_order", {"order_id": 1}),
-            _rpc(2, "run_sql", {"sql": "SELECT name, ssn FROM customers"}),
-            _rpc(3, "run_sql", {"sql": "UPDATE orders SET status = 'x'"}),
-        ],
-    )
+    ssn FROM customers`` and an ``UPDATE`` ran behind an allowed ``get_order``). Every
+    message is now checked under its own rule, and a batch to a server that declares none
+    is refused whole."""
+    smuggled = [
+        _rpc(1, "get_order", {"order_id": 1}),
+        _rpc(2, "run_sql", {"sql": "SELECT name, ssn FROM customers"}),
+        _rpc(3, "run_sql", {"sql": "UPDATE orders SET status = 'x'"}),
+    ]
+    # A server that takes batches: each message checked, the batch refused, nothing sent.
+    resp = await batches.post("/tools/mcp", headers=batches.gw_headers, json=smuggled)
     answers = await _answers(resp)
     assert sorted(a["id"] for a in answers) == [1, 2, 3]
-    assert all(a["error"]["data"]["reason"] in ("tool_denied", "sql_denied") for a in answers)
+    assert {a["error"]["data"]["reason"] for a in answers} == {"sql_denied"}
+    assert batches.calls == {}
+    # The example's MCP server takes no batches: refused before anything is matched.
+    headers = await _mcp_session(example, workspace.token("mcp-bot", ["order-support"]))
+    before = dict(mocks.stats("mcp")["tool_calls"])
+    answers = await _answers(await example.post("/tools/mcp", headers=headers, json=smuggled))
+    assert {a["error"]["data"]["reason"] for a in answers} == {"mcp_denied"}
     assert dict(mocks.stats("mcp")["tool_calls"]) == before
-    assert not [r for r in mocks.requests("mcp") if "ssn" in r.get("body", "")]
 
 
-async def test_mcp_batch_counts_every_message_against_rate_limits(
-    client: Any, token: Any, mocks: Mocks
-) -> None:
+async def test_mcp_batch_counts_every_message_against_rate_limits(batches: Any) -> None:
     """CG-2026-02 (limits): a batch was counted once, so 60 tool calls ran on a 2/hour rule.
     Each message of a batch now spends its own unit; the batch that would exceed the rate is
     refused whole and nothing of it reaches the server."""
-    headers = await _mcp_session(client, token("mcp-bot", ["mcp-rated"]))
-    before = dict(mocks.stats("mcp")["tool_calls"])
-    resp = await client.post(
-        "/tools/mcp",
-        headers=headers,
-        json=[_rpc(i, "get_order", {"order_id": 1}) for i in (1, 2, 3)],
+    three = [_rpc(i, "get_order", {"order_id": i}) for i in (1, 2, 3)]
+    answers = await _answers(
+        await batches.post("/tools/mcp", headers=batches.gw_headers, json=three)
     )
-    answers = await _answers(resp)
     assert {a["error"]["data"]["reason"] for a in answers} == {"rate_limited"}
-    assert dict(mocks.stats("mcp")["tool_calls"]) == before
-    resp = await client.post(
-        "/tools/mcp", headers=headers, json=_rpc(4, "get_order", {"order_id": 1})
-    )
-    assert (await _answers(resp))["error"]["data"]["reason"] == "rate_limited"
-    assert dict(mocks.stats("mcp")["tool_calls"]) == before
+    assert batches.calls == {}
+    one = _rpc(4, "get_order", {"order_id": 1})
+    answer = await _answers(await batches.post("/tools/mcp", headers=batches.gw_headers, json=one))
+    assert answer["error"]["data"]["reason"] == "rate_limited"
+    assert batches.calls == {}
+
+
+async def test_an_allowed_batch_is_forwarded_as_checked_and_audited_per_message(
+    batches: Any,
+) -> None:
+    """Each message of an allowed batch reaches the server as it was checked (the LIMIT the
+    rule adds included), and the audit has one line per message, sharing the request id."""
+    sent = [
+        _rpc(1, "get_order", {"order_id": 7}),
+        _rpc(2, "run_sql", {"sql": "SELECT id FROM orders"}),
+        {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+    ]
+    resp = await batches.post("/tools/mcp", headers=batches.gw_headers, json=sent)
+    answers = await _answers(resp)
+    assert [a["id"] for a in answers] == [1, 2, 3] and all("result" in a for a in answers)
+    assert json.loads(answers[1]["result"]["content"][0]["text"])["arguments"] == {
+        "sql": "SELECT id FROM orders LIMIT 100"
+    }
+    assert batches.calls == {"get_order": 1, "run_sql": 1}
+    batches.gw.audit.flush()
+    lines = [json.loads(x) for x in batches.audit_path.read_text().splitlines()][-3:]
+    assert len({line["request_id"] for line in lines}) == 1
+    assert [(line["mcp"], line["rule"]) for line in lines] == [
+        ({"method": "tools/call", "name": "get_order"}, "mcp-get-order"),
+        ({"method": "tools/call", "name": "run_sql"}, "mcp-run-sql"),
+        ({"method": "ping"}, None),
+    ]
 
 
 async def test_a_reflected_credential_never_reaches_the_agent(

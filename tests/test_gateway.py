@@ -425,8 +425,9 @@ async def test_internal_error_denies_and_leaks_nothing(
         raise RuntimeError("secret-internal-detail")
 
     real = gateway.pipeline.checks
+    after = [type(s).__name__ for s in real].index("MatchPolicy") + 1
     # A bug in the stage after match_policy: the call is refused before anything is sent.
-    monkeypatch.setattr(gateway.pipeline, "checks", (*real[:3], broken, *real[4:]))
+    monkeypatch.setattr(gateway.pipeline, "checks", (*real[:after], broken, *real[after + 1 :]))
     resp = await client.get("/echo/echo/x", headers=bearer(token()))
     body = await problem(resp, 500, "internal_error")
     assert "secret-internal-detail" not in json.dumps(body)

@@ -95,7 +95,8 @@ async def test_jsonrpc_error_body(client, token, mocks: Mocks) -> None:
     )
     answers = await resp.json()
     assert [a["id"] for a in answers] == [1, 2]
-    assert all(a["error"]["data"]["reason"] == "tool_denied" for a in answers)
+    # This server takes no batches (current MCP): refused whole, each request answered.
+    assert all(a["error"]["data"]["reason"] == "mcp_denied" for a in answers)
     # Methods the policy does not name are refused too.
     resp = await client.post(
         "/tools/mcp",
@@ -107,7 +108,7 @@ async def test_jsonrpc_error_body(client, token, mocks: Mocks) -> None:
             "params": {"uri": "file:///etc/passwd"},
         },
     )
-    assert (await resp.json())["error"]["data"]["reason"] == "tool_denied"
+    assert (await resp.json())["error"]["data"]["reason"] == "mcp_denied"
     # Routing headers must agree with the body.
     resp = await client.post(
         "/tools/mcp",
@@ -126,10 +127,16 @@ async def test_jsonrpc_error_body(client, token, mocks: Mocks) -> None:
     )
 
 
-async def test_mcp_without_token_is_401(client) -> None:
+async def test_mcp_without_token_is_401_with_a_jsonrpc_error(client, mocks: Mocks) -> None:
+    before = len(mocks.requests("mcp"))
     resp = await client.post("/tools/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert resp.status == 401
-    assert (await resp.json(content_type="application/problem+json"))["reason"] == "token_missing"
+    assert resp.headers["WWW-Authenticate"].startswith('Bearer realm="capgate"')
+    body = await resp.json()
+    # The request id is not echoed: the body was not read before the token was checked.
+    assert body["jsonrpc"] == "2.0" and body["id"] is None
+    assert body["error"]["data"]["reason"] == "token_missing"
+    assert len(mocks.requests("mcp")) == before
 
 
 async def test_role_without_mcp_rules_cannot_initialize(client, token) -> None:

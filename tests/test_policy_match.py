@@ -107,7 +107,12 @@ def match(
     tool: str | None = None,
 ) -> Match:
     return policy.match(
-        roles, caps, parse_target(raw), method, headers if headers is not None else {}, tool=tool
+        roles,
+        caps,
+        parse_target(raw),
+        method,
+        headers if headers is not None else {},
+        ("tool", tool) if tool is not None else None,
     )
 
 

@@ -20,6 +20,7 @@ from gateway.policy.model import Policy
 from gateway.protocols import PROTOCOLS
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
+from gateway.stages.route import Route
 from gateway.stages.validate import Validate
 from gateway.tokens import Claims
 
@@ -66,7 +67,7 @@ async def explain(
         body=body if body is not None else b"",
     )
     call.claims = claims
-    stages = (Receive(), MatchPolicy(_Fixed(policy), PROTOCOLS), Validate())
+    stages = (Receive(), Route(_Fixed(policy), PROTOCOLS), MatchPolicy(), Validate())
     try:
         for stage in stages:
             pending = stage(call)

@@ -17,6 +17,8 @@ from yarl import URL
 from gateway.checks import PAYLOAD_CHECKS, CheckContext, PayloadCheck
 from gateway.policy import spec
 from gateway.policy.model import (
+    MCP_METHODS,
+    MCP_SUBJECTS,
     METHODS,
     Constraint,
     Credentials,
@@ -25,6 +27,7 @@ from gateway.policy.model import (
     Role,
     Rule,
     Upstream,
+    UriPattern,
     volatile_problem,
 )
 from gateway.policy_file import Node, PolicyError, read_document
@@ -141,6 +144,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
             if "response_body" in lim:
                 resp_limit = _positive(lim, "response_body", resp_limit, "as_size")
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
+    batches, tool_refusals = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error")
     if url is None or kind is None or creds is None:
         return None
     return Upstream(
@@ -152,7 +156,22 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         max_request_body=req_limit,
         max_response_body=resp_limit,
         credentials=creds,
+        mcp_batches=batches,
+        mcp_tool_refusals=tool_refusals,
     )
+
+
+def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
+    """An MCP upstream's ``mcp: {batches, tool_refusals}``."""
+    batches, tool_refusals = False, "error"
+    if kind != "mcp":
+        node.fail(f"upstreams.{name}.mcp: only for an upstream of kind mcp")
+    opts = node.as_map(optional=spec.MCP_OPTIONS.optional)
+    if opts:
+        batches = bool(opts["batches"].as_bool()) if "batches" in opts else False
+        if "tool_refusals" in opts:
+            tool_refusals = opts["tool_refusals"].as_choice(("error", "result")) or "error"
+    return batches, tool_refusals
 
 
 def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:
@@ -248,7 +267,6 @@ def _rate(node: Node) -> Any:
 class _Behaviour(NamedTuple):
     """The keys of a rule that say how an allowed call is handled (not what it matches)."""
 
-    tool: str | None
     approval: bool
     rate: Any
     quota: int | None
@@ -276,11 +294,18 @@ def _rule(
     query = _constraints(m["query"]) if "query" in m else {}
     extra = m["allow_extra_query"].as_bool() if "allow_extra_query" in m else False
     headers = _header_constraints(m["headers"]) if "headers" in m else {}
-    how = _rule_behaviour(m, upstream, upstreams)
+    mcp = _mcp_subject(m, upstream, upstreams)
+    how = _rule_behaviour(m)
+    if mcp.method == "elicitation/create" and not how.approval:
+        m["method"].fail(
+            f"{m['method'].where}: answers to elicitation/create put a person's words in the "
+            "agent's mouth; the rule needs 'approval: required'"
+        )
     context = CheckContext(
         rule_id=rule_id,
-        tool=how.tool,
+        tool=mcp.tool,
         upstream_kind=upstreams[upstream].kind if upstream else None,
+        prompt=mcp.prompt,
     )
     checks = _payload_checks(m, context)
     if rule_id is None or upstream is None or method is None or pattern is None:
@@ -295,7 +320,10 @@ def _rule(
         allow_extra_query=bool(extra),
         headers=headers,
         checks=checks,
-        tool=how.tool,
+        tool=mcp.tool,
+        prompt=mcp.prompt,
+        resource=mcp.resource,
+        mcp_method=mcp.method,
         approval=how.approval,
         rate=how.rate,
         quota=how.quota,
@@ -367,15 +395,91 @@ def _header_constraints(node: Node) -> dict[str, Constraint]:
     return out
 
 
-def _rule_behaviour(
+class _McpSubject(NamedTuple):
+    """What an MCP rule allows: at most one of a tool, a prompt, resources or a method."""
+
+    tool: str | None = None
+    prompt: str | None = None
+    resource: UriPattern | None = None
+    method: str | None = None
+
+
+def _mcp_subject(
     m: dict[str, Node], upstream: str | None, upstreams: dict[str, Upstream]
-) -> _Behaviour:
-    """``tool``, ``approval``, ``rate``, ``quota``, ``volatile``, ``replay``, ``on_state_error``."""
-    tool = m["tool"].as_str() if "tool" in m else None
-    if tool is not None and upstream is not None and upstreams[upstream].kind != "mcp":
-        m["tool"].fail(
-            f"'tool' needs an upstream of kind mcp; {upstream!r} is {upstreams[upstream].kind}"
+) -> _McpSubject:
+    """``tool``, ``prompt``, ``resource`` or ``method``: only on an MCP upstream, one only."""
+    named = [key for key in MCP_SUBJECTS if key in m]
+    if not named:
+        return _McpSubject()
+    key = named[0]
+    if upstream is not None and upstreams[upstream].kind != "mcp":
+        m[key].fail(
+            f"'{key}' needs an upstream of kind mcp; {upstream!r} is {upstreams[upstream].kind}"
         )
+    for extra in named[1:]:
+        m[extra].fail(
+            f"{m[extra].where}: a rule names one of tool, prompt, resource or method "
+            f"(this one names {key!r} already)"
+        )
+    if key == "resource":
+        return _McpSubject(resource=_uri_pattern(m["resource"]))
+    if key == "method":
+        return _McpSubject(method=m["method"].as_choice(MCP_METHODS))
+    text = m[key].as_str(what=f"a {key} name")
+    if text is not None and not text:
+        m[key].fail(f"{m[key].where}: the {key} name is empty")
+    return _McpSubject(tool=text) if key == "tool" else _McpSubject(prompt=text)
+
+
+def _uri_pattern(node: Node) -> UriPattern | None:
+    """``resource: "test://docs/{name}"``, or ``{uri: ..., params: {name: {...}}}``."""
+    params: dict[str, Constraint] = {}
+    if isinstance(node.value, dict):
+        m = node.as_map(required=("uri",), optional=("params",))
+        if m is None or "uri" not in m:
+            return None
+        params = _constraints(m["params"]) if "params" in m else {}
+        node = m["uri"]
+    text = node.as_str(what="a resource URI pattern")
+    if text is None:
+        return None
+    parts: list[str | Constraint] = []
+    names: set[str] = set()
+    pos = 0
+    for found in PARAM.finditer(text):
+        literal = text[pos : found.start()]
+        if literal:
+            parts.append(literal)
+        elif parts:
+            node.fail(f"{node.where}: two parameters must be apart by some literal text")
+            return None
+        name = found.group(1)
+        if name in names:
+            node.fail(f"{node.where}: parameter {name!r} appears twice in {text!r}")
+            return None
+        names.add(name)
+        parts.append(params.get(name, Constraint(name=name)))
+        pos = found.end()
+    if text[pos:]:
+        parts.append(text[pos:])
+    if (
+        not parts
+        or not isinstance(parts[0], str)
+        or "{" in "".join(p for p in parts if isinstance(p, str))
+    ):
+        node.fail(
+            f"{node.where}: a resource pattern is a URI that starts with literal text, with "
+            f"{{name}} parameters; got {text!r}"
+        )
+        return None
+    for name in params:
+        if name not in names:
+            node.fail(f"{node.where}: params: {name!r} is not a parameter of {text!r}")
+    return UriPattern(text=text, parts=tuple(parts))
+
+
+def _rule_behaviour(m: dict[str, Node]) -> _Behaviour:
+    """``approval``, ``rate``, ``quota``, ``volatile``, ``replay``, ``on_state_error``."""
     approval = False
     if "approval" in m:
         approval = m["approval"].as_choice(("required", "none")) == "required"
@@ -390,7 +494,7 @@ def _rule_behaviour(
     on_state_error = (
         m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     )
-    return _Behaviour(tool, approval, rate, quota, volatile, repeat_last, on_state_error)
+    return _Behaviour(approval, rate, quota, volatile, repeat_last, on_state_error)
 
 
 def _payload_checks(m: dict[str, Node], context: CheckContext) -> tuple[PayloadCheck, ...]:

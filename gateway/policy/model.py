@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from gateway.errors import NoRule, QueryInvalid, ToolDenied
+from gateway.errors import GatewayError, McpDenied, NoRule, QueryInvalid, ToolDenied
 from gateway.target import Target
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ class Upstream:
     max_request_body: int = 1024 * 1024
     max_response_body: int = 16 * 1024 * 1024
     credentials: Credentials = field(default_factory=Credentials)
+    mcp_batches: bool = False  # MCP: the server takes JSON-RPC batches
+    mcp_tool_refusals: str = "error"  # MCP: a refused tools/call is a JSON-RPC error | result
 
     @property
     def base_path(self) -> str:
@@ -141,6 +143,64 @@ class PathPattern:
         return bad if bad is not None else params
 
 
+# A URI pattern's {parameter} matches one piece of a URI: no separator, no escape, no dot
+# segment, so a server that decodes or normalises the URI cannot be led outside the pattern.
+_URI_PARAM_VALUE = re.compile(r"[^/?#%\\\x00-\x20\x7f]+")
+
+
+@dataclass(frozen=True, slots=True)
+class UriPattern:
+    """``test://template/{id}/data``: literal text and named parameters (MCP resources)."""
+
+    text: str
+    parts: tuple[str | Constraint, ...]  # str: literal text, Constraint: a parameter
+
+    def match(self, uri: str) -> Mapping[str, str] | None | str:
+        """Params when ``uri`` matches; None when not; a str reason when a value breaks its
+        constraint (like ``PathPattern.match``)."""
+        params: dict[str, str] = {}
+        pos = 0
+        parts = self.parts
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                if not uri.startswith(part, pos):
+                    return None
+                pos += len(part)
+                continue
+            following = parts[i + 1] if i + 1 < len(parts) else None
+            m = _URI_PARAM_VALUE.match(uri, pos)
+            if m is None:
+                return None
+            end = m.end()
+            if isinstance(following, str):
+                # The value ends where the next literal text starts (the first such place).
+                cut = uri.find(following, pos, end + len(following))
+                if cut <= pos:
+                    return None
+                end = cut
+            value = uri[pos:end]
+            if value in (".", ".."):
+                return None
+            problem = part.violation(value)
+            if problem is not None:
+                return f"resource parameter {part.name!r} {problem}"
+            params[part.name] = value
+            pos = end
+        return params if pos == len(uri) else None
+
+
+# MCP: what a rule on an MCP upstream allows, besides the protocol's own messages.
+MCP_SUBJECTS = ("tool", "prompt", "resource", "method")
+# JSON-RPC methods a rule may name with ``method:``: a client request, or the agent's answer
+# to a request of the server (roots/list, sampling/createMessage, elicitation/create).
+MCP_METHODS = (
+    "logging/setLevel",
+    "roots/list",
+    "sampling/createMessage",
+    "elicitation/create",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     id: str
@@ -153,6 +213,9 @@ class Rule:
     headers: Mapping[str, Constraint] = field(default_factory=dict)  # lower-case names
     checks: tuple[PayloadCheck, ...] = ()
     tool: str | None = None  # MCP: the tool this rule allows
+    prompt: str | None = None  # MCP: the prompt this rule allows
+    resource: UriPattern | None = None  # MCP: the resources (URIs) this rule allows
+    mcp_method: str | None = None  # MCP: a JSON-RPC method this rule allows (MCP_METHODS)
     approval: bool = False
     rate: Any = None  # limits.Rate
     quota: int | None = None  # calls per run for this rule
@@ -164,6 +227,25 @@ class Rule:
     def describe(self) -> str:
         return f"{self.method} {self.path.text}"
 
+    def selects(self, subject: Subject) -> Mapping[str, str] | None | str:
+        """Whether this rule allows an MCP subject: params (empty but for resources) when it
+        does, None when it names another, a str reason when a resource parameter is off."""
+        kind, value = subject
+        if kind == "tool":
+            return _NO_PARAMS if self.tool == value else None
+        if kind == "prompt":
+            return _NO_PARAMS if self.prompt == value else None
+        if kind == "method":
+            return _NO_PARAMS if self.mcp_method == value else None
+        if kind == "resource" and self.resource is not None:
+            return self.resource.match(value)
+        if kind == "resource-ref" and self.resource is not None:
+            # completion/complete names a resource by URI or by the template itself.
+            if self.resource.text == value:
+                return _NO_PARAMS
+            return self.resource.match(value)
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Role:
@@ -171,6 +253,11 @@ class Role:
     rules: tuple[Rule, ...]
     rate: Any = None
     run_quota: int | None = None
+
+
+Subject = tuple[str, str]
+"""What an MCP message acts on: ("tool", name), ("prompt", name), ("resource", uri),
+("resource-ref", uri or template), ("method", json-rpc method)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +367,7 @@ class Policy:
         target: Target,
         method: str,
         headers: Mapping[str, str],
-        tool: str | None = None,
+        subject: Subject | None = None,
     ) -> Match:
         """The first rule that allows the call, or raise why none does.
 
@@ -293,10 +380,15 @@ class Policy:
         near_path: str | None = None
         candidates = self._indexed(roles, caps, target.upstream, method)
         for rule in candidates.for_path(target.segments):
-            # An MCP tool call needs a rule naming that tool; a protocol message (tool None)
-            # is allowed by any rule on the endpoint.
-            if tool is not None and rule.tool != tool:
-                continue
+            # An MCP message acting on something needs a rule naming it; a protocol message
+            # (no subject) is allowed by any rule on the endpoint.
+            if subject is not None:
+                selected = rule.selects(subject)
+                if selected is None:
+                    continue
+                if isinstance(selected, str):
+                    near_path = near_path or f"rule {rule.id!r}: {selected}"
+                    continue
             params = rule.path.match(target.segments)
             if params is None:
                 continue
@@ -310,12 +402,27 @@ class Policy:
             return Match(rule, params)
         if near is not None:
             raise near
-        if tool is not None:
-            raise ToolDenied(f"no rule of the token's roles allows the tool {tool!r}")
+        if subject is not None:
+            raise _subject_denied(subject, near_path)
         detail = f"no rule of the token's roles allows {method} /{target.upstream}{target.rest}"
         if near_path is not None:
             detail += f" ({near_path})"
         raise NoRule(detail)
+
+
+def _subject_denied(subject: Subject, near: str | None) -> GatewayError:
+    kind, value = subject
+    shown = value if len(value) <= 200 else value[:197] + "..."
+    if kind == "tool":
+        return ToolDenied(f"no rule of the token's roles allows the tool {shown!r}")
+    what = {
+        "prompt": "the prompt",
+        "resource": "the resource",
+        "resource-ref": "completions for the resource",
+        "method": "the MCP method",
+    }.get(kind, kind)
+    detail = f"no rule of the token's roles allows {what} {shown!r}"
+    return McpDenied(detail + (f" ({near})" if near else ""))
 
 
 def _query_violation(rule: Rule, pairs: tuple[tuple[str, str], ...]) -> str | None:

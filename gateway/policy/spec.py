@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.checks import PAYLOAD_CHECKS
-from gateway.policy.model import METHODS
+from gateway.policy.model import MCP_METHODS, METHODS
 
 JSON = dict[str, Any]
 
@@ -114,6 +114,24 @@ CREDENTIALS = Section(
         Key("ttl", "agent-jwt: lifetime, 10s to 1h (default 5m)", DURATION),
     ),
 )
+MCP_OPTIONS = Section(
+    "mcp",
+    "How capgate speaks MCP with this upstream.",
+    (
+        Key(
+            "batches",
+            "the server takes JSON-RPC batches (current MCP versions do not; default false: "
+            "batches are refused)",
+            {"type": "boolean"},
+        ),
+        Key(
+            "tool_refusals",
+            "a refused tools/call is answered as a JSON-RPC error (default) or as a tool "
+            "result with isError, which the model reads",
+            {"enum": ["error", "result"]},
+        ),
+    ),
+)
 UPSTREAM = Section(
     "upstream",
     "Where calls to /<name>/... go.",
@@ -128,6 +146,7 @@ UPSTREAM = Section(
         Key("timeouts", TIMEOUTS.description, TIMEOUTS.schema()),
         Key("limits", LIMITS.description, LIMITS.schema()),
         Key("credentials", CREDENTIALS.description, CREDENTIALS.schema()),
+        Key("mcp", MCP_OPTIONS.description, MCP_OPTIONS.schema()),
         Key("description", "for people", TEXT),
     ),
 )
@@ -180,7 +199,30 @@ RULE = Section(
         Key("query", "constraints on query parameters (others are refused)", _CONSTRAINTS),
         Key("allow_extra_query", "let query parameters not listed pass", {"type": "boolean"}),
         Key("headers", "headers let through to the upstream, with constraints", _CONSTRAINTS),
-        Key("tool", "MCP: the tool this rule allows", TEXT),
+        Key("tool", "MCP: the tool this rule allows (tools/call)", TEXT),
+        Key("prompt", "MCP: the prompt this rule allows (prompts/get)", TEXT),
+        Key(
+            "resource",
+            "MCP: the resources this rule allows (read, subscribe), a URI with {name} "
+            "parameters, or {uri, params} to constrain them",
+            {
+                "anyOf": [
+                    TEXT,
+                    {
+                        "type": "object",
+                        "properties": {"uri": TEXT, "params": _CONSTRAINTS},
+                        "required": ["uri"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        ),
+        Key(
+            "method",
+            "MCP: a JSON-RPC method this rule allows: logging/setLevel, or the agent's "
+            "answers to the server's roots/list, sampling/createMessage, elicitation/create",
+            {"enum": list(MCP_METHODS)},
+        ),
         Key(
             "approval",
             "required: a person approves each call first",

@@ -1,52 +1,90 @@
-"""MCP (Streamable HTTP): each JSON-RPC message is an operation; ``tools/list`` is filtered.
+"""MCP (Streamable HTTP): every JSON-RPC message is an operation, governed by its own rule.
 
 An upstream of ``kind: mcp`` speaks JSON-RPC 2.0 over Streamable HTTP. For each POST the
-gateway parses the JSON-RPC message (or batch) before anything is matched:
+gateway parses the message (or batch, when the upstream takes batches) before anything is
+matched, and every message must be allowed:
 
-- ``tools/call``: the tool name selects the rule (``tool: <name>``); a tool that no rule of
-  the token's roles allows is refused with ``tool_denied`` and never reaches the server.
-  The rule's ``arguments`` schema and SQL policy check that message's ``arguments``, and its
-  rate limits and quotas count that message.
-- protocol methods (``initialize``, ``ping``, ``tools/list``, notifications, and the
-  client's answers to server requests) pass when the roles grant any rule on the endpoint.
-- every other method (``resources/read``, ``prompts/get``, ...) is refused: nothing is
-  allowed that the policy does not name.
-- batches are governed message by message, each under its own rule; one refused message
-  refuses the whole batch, and nothing of it is forwarded.
-- the result of ``tools/list`` (JSON or SSE) is filtered to the tools the token may call.
+=============================  ==========================================================
+message                        allowed by
+=============================  ==========================================================
+``tools/call``                 a rule naming the tool (``tool:``); ``arguments`` and
+                               ``sql`` check its arguments
+``prompts/get``                a rule naming the prompt (``prompt:``); ``arguments``
+``resources/read``,            a rule whose ``resource:`` URI pattern matches ``uri``
+``/subscribe``, ``/unsubscribe``
+``completion/complete``        the rule allowing the prompt or resource it completes
+``logging/setLevel``           a rule naming the method (``method:``)
+an answer to the server        a rule naming the server's request (``method: roots/list``,
+                               ``sampling/createMessage``, ``elicitation/create``), and
+                               only an answer to a request this session's server made
+handshake, ping, listings,     any rule on the endpoint; listings (tools, prompts,
+notifications                  resources, templates) are filtered to what the token may use
+anything else                  nothing: refused (``mcp_denied``)
+=============================  ==========================================================
 
-Denials of an MCP call are answered as JSON-RPC errors (HTTP 200), so MCP clients surface
-the gateway's reason; ``error.data`` carries the same fields as problem+json.
+A session (``Mcp-Session-Id``) belongs to the agent that opened it through this gateway;
+another agent's, or an unknown one, is refused (404 for an unknown one, so clients start a
+new session). Refusals are JSON-RPC answers (HTTP 200) whose ``error.data`` carries the
+problem+json fields, or, for tool calls on an upstream with ``tool_refusals: result``, a
+tool result with ``isError`` that the model can read; a bad token is a 401 with a JSON-RPC
+error body.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.call import Operation, Refusal, Rewriter
-from gateway.errors import BadRequest, BodyInvalid, GatewayError, TokenError, ToolDenied
-from gateway.payload import ToolCallPayload, dump_json, parse_json
+from gateway.errors import (
+    BadRequest,
+    BodyInvalid,
+    GatewayError,
+    McpDenied,
+    McpSessionUnknown,
+    TokenError,
+)
+from gateway.payload import (
+    ArgumentsPayload,
+    PromptPayload,
+    ToolCallPayload,
+    dump_json,
+    parse_json,
+)
+from gateway.policy.model import MCP_METHODS, Subject, UriPattern
 
 if TYPE_CHECKING:
     from gateway.call import Call
     from gateway.transport import UpstreamResponse
 
-# Protocol methods that carry no tool call: the handshake (initialize, or server/discover in
-# the 2026-07-28 protocol), liveness, and the tool listing (filtered on the way back).
-PASS_METHODS = frozenset({"initialize", "server/discover", "ping", "tools/list"})
+# The handshake (initialize, or server/discover in the 2026-07-28 protocol) and liveness:
+# allowed by any rule on the endpoint, nothing to check.
+HANDSHAKE_METHODS = frozenset({"initialize", "server/discover", "ping"})
+# Listings: allowed by any rule on the endpoint; the answer is filtered to what the token may
+# use. The value is the key of the list in the result and the field that names an item.
+LISTINGS: dict[str, tuple[str, str]] = {
+    "tools/list": ("tools", "name"),
+    "prompts/list": ("prompts", "name"),
+    "resources/list": ("resources", "uri"),
+    "resources/templates/list": ("resourceTemplates", "uriTemplate"),
+}
+# Requests that act on one resource, named by ``params.uri``.
+RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 JSONRPC_DENIED = -32001  # implementation-defined server error range (-32000..-32099)
+JSONRPC_UNAUTHORIZED = -32002
 MAX_BATCH = 100
+MAX_SESSIONS = 10_000  # sessions remembered per gateway (oldest forgotten first)
+MAX_PENDING_SERVER_REQUESTS = 10_000
 # Streamable HTTP request headers forwarded to MCP upstreams. Mcp-Method and Mcp-Name are
-# compared with the JSON-RPC body first (``_check_routing_headers``); Mcp-Param-* headers are
-# forwarded as sent, without such a comparison.
+# compared with the JSON-RPC body first (``_check_routing_headers``). Mcp-Param-* headers
+# are not forwarded: the server reads the parameters from the body, which was checked.
 REQUEST_HEADERS = frozenset(
     {"mcp-session-id", "mcp-protocol-version", "last-event-id", "mcp-method", "mcp-name"}
 )
-PARAM_HEADER_PREFIX = "mcp-param-"
 # Streamable HTTP: GET opens the server's event stream and DELETE ends the session, on an
 # endpoint the roles may POST to; they carry no tool call.
 SESSION_METHODS = frozenset({"GET", "DELETE"})
@@ -56,9 +94,19 @@ SESSION_METHODS = frozenset({"GET", "DELETE"})
 class McpMessage:
     id: Any
     method: str | None
-    tool: str | None
-    arguments: dict[str, Any] | None
+    params: dict[str, Any]
     is_request: bool
+
+    @property
+    def tool(self) -> str | None:
+        name = self.params.get("name") if self.method == "tools/call" else None
+        return name if isinstance(name, str) else None
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """A tool call's or prompt's arguments; absent ones are {} (what servers read)."""
+        arguments = self.params.get("arguments", {})
+        return arguments if isinstance(arguments, dict) else {}
 
 
 @dataclass(slots=True)
@@ -74,30 +122,30 @@ def _message(value: Any, index: int) -> McpMessage:
     where = f"message {index}" if index >= 0 else "the message"
     if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
         raise BodyInvalid(f"{where} is not a JSON-RPC 2.0 object")
-    method = value.get("method")
-    if method is None:
-        # A response from the client to a server request (sampling, elicitation, roots).
-        if "result" not in value and "error" not in value:
-            raise BodyInvalid(f"{where} has neither a method nor a result")
-        return McpMessage(value.get("id"), None, None, None, False)
-    if not isinstance(method, str):
-        raise BodyInvalid(f"{where}: 'method' must be a string")
     msg_id = value.get("id")
     if "id" in value and (isinstance(msg_id, bool) or not isinstance(msg_id, str | int)):
         raise BodyInvalid(f"{where}: 'id' must be a string or an integer")
-    tool, arguments = None, None
-    if method == "tools/call":
-        params = value.get("params")
-        if not isinstance(params, dict):
-            raise BodyInvalid(f"{where}: tools/call needs 'params' as an object")
-        tool = params.get("name")
-        if not isinstance(tool, str) or not tool:
-            raise BodyInvalid(f"{where}: tools/call needs 'params.name' as a string")
-        # Absent arguments are checked as {} (what servers read); the bytes stay as sent.
-        arguments = params.get("arguments", {})
-        if not isinstance(arguments, dict):
-            raise BodyInvalid(f"{where}: tools/call 'params.arguments' must be an object")
-    return McpMessage(msg_id, method, tool, arguments, "id" in value)
+    method = value.get("method")
+    if method is None:
+        # The client's answer to a request of the server (roots, sampling, elicitation).
+        if ("result" in value) == ("error" in value) or "id" not in value:
+            raise BodyInvalid(f"{where} has no method and is not one answer with an id")
+        return McpMessage(msg_id, None, {}, False)
+    if not isinstance(method, str):
+        raise BodyInvalid(f"{where}: 'method' must be a string")
+    params = value.get("params", {})
+    if not isinstance(params, dict):
+        raise BodyInvalid(f"{where}: 'params' must be an object")
+    msg = McpMessage(msg_id, method, params, "id" in value)
+    if method in ("tools/call", "prompts/get"):
+        _text_param(msg, "name", where)
+        if not isinstance(params.get("arguments", {}), dict):
+            raise BodyInvalid(f"{where}: {method} 'params.arguments' must be an object")
+    elif method in RESOURCE_METHODS:
+        _text_param(msg, "uri", where)
+    elif method == "completion/complete":
+        _completion_subject(msg, where)
+    return msg
 
 
 def parse_request(body: bytes) -> McpRequest:
@@ -121,36 +169,115 @@ def _inspection(call: Call) -> McpRequest | None:
     return call.inspection if isinstance(call.inspection, McpRequest) else None
 
 
+def _text_param(msg: McpMessage, name: str, where: str) -> str:
+    value = msg.params.get(name)
+    if not isinstance(value, str) or not value:
+        raise BodyInvalid(f"{where}: {msg.method} needs 'params.{name}' as a string")
+    return value
+
+
+class _Bounded(OrderedDict[Any, Any]):
+    """A dict that forgets its oldest entries beyond ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def remember(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 class Mcp:
+    """MCP over Streamable HTTP. Remembers, in this process, which agent opened each session
+    and which requests each session's server sent to the client (to govern the answers)."""
+
     kind = "mcp"
     forwarded_headers: frozenset[str] = REQUEST_HEADERS
-    forwarded_header_prefixes: tuple[str, ...] = (PARAM_HEADER_PREFIX,)
+    forwarded_header_prefixes: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._sessions: _Bounded = _Bounded(MAX_SESSIONS)  # session id -> agent
+        self._server_requests: _Bounded = _Bounded(MAX_PENDING_SERVER_REQUESTS)
 
     async def inspect(self, call: Call) -> list[Operation]:
+        self._check_session(call)
         if call.method in SESSION_METHODS:
-            return [Operation(kind="protocol", method="POST")]
+            return [Operation(kind="protocol", method="POST", rpc=call.method)]
         if call.method != "POST":
             return [Operation(kind="request", method=call.method)]
         assert call.upstream is not None
         request = parse_request(await call.read_body(call.upstream.max_request_body))
         call.inspection = request
-        for msg in request.messages:
-            if msg.method is None or msg.method in PASS_METHODS:
-                continue
-            if msg.method.startswith("notifications/") and not msg.is_request:
-                continue
-            if msg.method != "tools/call":
-                raise ToolDenied(f"the MCP method {msg.method!r} is not allowed by the policy")
-        _check_routing_headers(call, request)
+        session = call.headers.get("Mcp-Session-Id", "")
+        # Built into the call as they are read, so even a refusal is audited per message.
         ops: list[Operation] = []
-        for msg in request.messages:
-            if msg.tool is None:
-                ops.append(Operation(kind="protocol", method="POST"))
-            else:
-                assert msg.arguments is not None
-                payload = ToolCallPayload(msg.tool, msg.arguments, call.findings)
-                ops.append(Operation(kind="tool", method="POST", tool=msg.tool, payload=payload))
+        call.operations = ops
+        for i, msg in enumerate(request.messages):
+            ops.append(self._operation(call, session, msg, i))
+        if request.batch and not call.upstream.mcp_batches:
+            raise McpDenied(
+                f"upstream {call.upstream.name!r} does not take JSON-RPC batches "
+                "(the policy can allow them with mcp: {batches: true})"
+            )
+        _check_routing_headers(call, request)
         return ops
+
+    def _operation(self, call: Call, session: str, msg: McpMessage, index: int) -> Operation:
+        request = _inspection(call)
+        where = f"message {index}" if request is not None and request.batch else "the message"
+        method = msg.method
+        if method is None:
+            # An answer of the client: allowed when it answers a request this session's
+            # server made, of a method a rule names (roots/list, sampling, elicitation).
+            asked = self._server_requests.get((session, _id_key(msg.id)))
+            if asked is None:
+                raise McpDenied(f"{where} answers a request the server did not make")
+            return Operation(kind="method", method="POST", subject=("method", asked), rpc=asked)
+        if method.startswith("notifications/") and not msg.is_request:
+            return Operation(kind="protocol", method="POST", rpc=method)
+        if method in HANDSHAKE_METHODS or method in LISTINGS:
+            return Operation(kind="protocol", method="POST", rpc=method)
+        # Parameters were checked when parsed (``_message``).
+        if method == "tools/call":
+            name = msg.params["name"]
+            tool = ToolCallPayload(name, msg.arguments, call.findings)
+            return Operation("tool", "POST", ("tool", name), method, tool)
+        if method == "prompts/get":
+            name = msg.params["name"]
+            prompt = PromptPayload(name, msg.arguments, call.findings)
+            return Operation("prompt", "POST", ("prompt", name), method, prompt)
+        if method in RESOURCE_METHODS:
+            return Operation("resource", "POST", ("resource", msg.params["uri"]), method)
+        if method == "completion/complete":
+            # Completions of a prompt or resource the token may use, under that rule.
+            return Operation("protocol", "POST", _completion_subject(msg, where), method)
+        if method in MCP_METHODS:
+            return Operation("method", "POST", ("method", method), method)
+        raise McpDenied(f"the MCP method {method[:100]!r} is not one capgate can govern")
+
+    def bind_session(self, session: str, agent: str) -> None:
+        """The server opened ``session`` for ``agent`` (seen on its answer)."""
+        known = self._sessions.get(session)
+        if known is None:
+            self._sessions.remember(session, agent)
+        elif known != agent:  # a server reusing a session id: never share one
+            raise McpDenied("the MCP server gave this agent another agent's session")
+
+    def _check_session(self, call: Call) -> None:
+        """A session belongs to the agent that opened it through this gateway."""
+        session = call.headers.get("Mcp-Session-Id")
+        if session is None:
+            return
+        assert call.claims is not None
+        owner = self._sessions.get(session)
+        if owner is None:
+            # Not opened here (or forgotten): the client must start a new session (404).
+            raise McpSessionUnknown("this MCP session is not known to the gateway")
+        if owner != call.claims.agent:
+            raise McpDenied("this MCP session belongs to another agent")
 
     def finish(self, call: Call) -> None:
         request = _inspection(call)
@@ -159,39 +286,118 @@ class Mcp:
         rewritten = False
         items = request.value if request.batch else [request.value]
         for item, op in zip(items, call.operations, strict=True):
-            if isinstance(op.payload, ToolCallPayload) and op.payload.rewritten:
+            if isinstance(op.payload, ArgumentsPayload) and op.payload.rewritten:
                 item["params"]["arguments"] = op.payload.arguments
                 rewritten = True
         if rewritten:
             call.body = dump_json(request.value)
 
     def rewrite_response(self, call: Call, response: UpstreamResponse) -> Rewriter | None:
+        assert call.claims is not None
+        session = response.headers.get("Mcp-Session-Id")
+        if session is not None and response.status < 300:
+            self.bind_session(session, call.claims.agent)
+        if call.method == "DELETE" and response.status < 300:
+            ended = call.headers.get("Mcp-Session-Id")
+            if ended is not None:
+                self._sessions.pop(ended, None)
         if not 200 <= response.status < 300:
             return None
-        ids = tools_list_ids(call)
-        if not ids:
-            return None
-        allowed = allowed_tools(call)
         media = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        rewrite = filter_sse if media == "text/event-stream" else filter_json
-        return lambda chunks, limit: rewrite(chunks, ids, allowed, limit)
+        if media not in ("text/event-stream", "application/json"):
+            return None
+        listings = listing_ids(call)
+        allowed = Allowed.of(call) if listings else None
+        on_request = self._remember_server_request(
+            call.headers.get("Mcp-Session-Id", session or "")
+        )
+        scan = ResponseScan(listings, allowed, on_request)
+        if media == "text/event-stream":
+            return lambda chunks, limit: filter_sse(chunks, scan, limit)
+        if not listings:
+            return None  # a JSON answer to a POST carries no server request
+        return lambda chunks, limit: filter_json(chunks, scan, limit)
+
+    def _remember_server_request(self, session: str) -> Callable[[Any, str], None]:
+        def remember(msg_id: Any, method: str) -> None:
+            self._server_requests.remember((session, _id_key(msg_id)), method)
+
+        return remember
 
     def refusal(self, call: Call, err: GatewayError) -> Refusal | None:
         if isinstance(err, TokenError):
-            return None
+            unauthorized = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {
+                        "code": JSONRPC_UNAUTHORIZED,
+                        "message": f"capgate: {err.reason.value}: {err.detail}",
+                        "data": err.problem(call.request_id),
+                    },
+                },
+                separators=(",", ":"),
+            ).encode()
+            return Refusal(
+                err.status, "application/json", unauthorized, {"X-Capgate-Reason": err.reason.value}
+            )
+        if isinstance(err, McpSessionUnknown):
+            return None  # a plain 404: the client starts a new session
         body = jsonrpc_error_body(call, err)
         if body is None:
             return None
         return Refusal(200, "application/json", body, {"X-Capgate-Reason": err.reason.value})
 
 
+def _id_key(msg_id: Any) -> tuple[str, Any]:
+    return (type(msg_id).__name__, msg_id)
+
+
+def _completion_subject(msg: McpMessage, where: str) -> Subject:
+    ref = msg.params.get("ref")
+    if isinstance(ref, dict):
+        if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
+            return ("prompt", ref["name"])
+        if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
+            return ("resource-ref", ref["uri"])
+    raise BodyInvalid(f"{where}: completion/complete needs 'params.ref' of a prompt or resource")
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """What a token may use on this endpoint, for filtering listings."""
+
+    tools: frozenset[str]
+    prompts: frozenset[str]
+    resources: tuple[UriPattern, ...]
+
+    @classmethod
+    def of(cls, call: Call) -> Allowed:
+        assert call.claims is not None and call.policy is not None and call.target is not None
+        rules = call.policy.candidates(
+            call.claims.roles, call.claims.caps, call.target.upstream, "POST"
+        )
+        return cls(
+            frozenset(r.tool for r in rules if r.tool is not None),
+            frozenset(r.prompt for r in rules if r.prompt is not None),
+            tuple(r.resource for r in rules if r.resource is not None),
+        )
+
+    def lists(self, method: str, item: str) -> bool:
+        if method == "tools/list":
+            return item in self.tools
+        if method == "prompts/list":
+            return item in self.prompts
+        if method == "resources/list":
+            return any(isinstance(p.match(item), Mapping) for p in self.resources)
+        if method == "resources/templates/list":
+            return any(p.text == item for p in self.resources)
+        return False
+
+
 def allowed_tools(call: Call) -> set[str]:
     """The tools the token's roles (narrowed by caps) may call on this endpoint."""
-    assert call.claims is not None and call.policy is not None and call.target is not None
-    rules = call.policy.candidates(
-        call.claims.roles, call.claims.caps, call.target.upstream, "POST"
-    )
-    return {r.tool for r in rules if r.tool is not None}
+    return set(Allowed.of(call).tools)
 
 
 def _check_routing_headers(call: Call, request: McpRequest) -> None:
@@ -206,8 +412,9 @@ def _check_routing_headers(call: Call, request: McpRequest) -> None:
     msg = request.messages[0]
     if method_header and method_header[0] != msg.method:
         raise BodyInvalid("the Mcp-Method header does not match the JSON-RPC method")
-    if name_header and msg.tool is not None and _header_text(name_header[0]) != msg.tool:
-        raise BodyInvalid("the Mcp-Name header does not match the tool name")
+    named = msg.params.get("name") if isinstance(msg.params.get("name"), str) else None
+    if name_header and named is not None and _header_text(name_header[0]) != named:
+        raise BodyInvalid("the Mcp-Name header does not match the name in the body")
 
 
 def _header_text(value: str) -> str | None:
@@ -224,24 +431,36 @@ def _header_text(value: str) -> str | None:
 
 
 def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
-    """A JSON-RPC error answer for a refused MCP POST, or None when HTTP status is better."""
+    """The answer to a refused MCP POST, one per request message, or None when the HTTP
+    status is better (a body that is not JSON-RPC at all).
+
+    A refused ``tools/call`` is answered as a tool result with ``isError`` when the upstream
+    says ``mcp: {tool_refusals: result}``, so the model reads why; otherwise (and for every
+    other method) as a JSON-RPC error whose ``data`` carries the problem+json fields."""
     request = _inspection(call)
     if request is None or isinstance(err, BadRequest) and not isinstance(err, BodyInvalid):
         return None
     data = err.problem(call.request_id)
-    answers = []
+    text = f"capgate: {err.reason.value}: {err.detail}"
+    as_result = call.upstream is not None and call.upstream.mcp_tool_refusals == "result"
+    answers: list[dict[str, Any]] = []
     for msg in request.messages:
         if not msg.is_request:
+            continue
+        if as_result and msg.method == "tools/call":
+            answers.append(
+                {
+                    "jsonrpc": "2.0",
+                    "id": msg.id,
+                    "result": {"content": [{"type": "text", "text": text}], "isError": True},
+                }
+            )
             continue
         answers.append(
             {
                 "jsonrpc": "2.0",
                 "id": msg.id,
-                "error": {
-                    "code": JSONRPC_DENIED,
-                    "message": f"capgate: {err.reason.value}: {err.detail}",
-                    "data": data,
-                },
+                "error": {"code": JSONRPC_DENIED, "message": text, "data": data},
             }
         )
     if not answers:
@@ -250,62 +469,90 @@ def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def tools_list_ids(call: Call) -> set[Any]:
+def listing_ids(call: Call) -> dict[Any, str]:
+    """The ids of the call's listing requests, and which listing each one is."""
     request = _inspection(call)
     if request is None:
-        return set()
-    return {m.id for m in request.messages if m.method == "tools/list" and m.is_request}
+        return {}
+    return {
+        _id_key(m.id): m.method
+        for m in request.messages
+        if m.is_request and m.method is not None and m.method in LISTINGS
+    }
 
 
-def _filter_tools(message: Any, allowed: set[str]) -> Any:
-    if not isinstance(message, dict):
+def tools_list_ids(call: Call) -> set[Any]:
+    return {key[1] for key, method in listing_ids(call).items() if method == "tools/list"}
+
+
+@dataclass(slots=True)
+class ResponseScan:
+    """What to do with each JSON-RPC message the server sends back: filter the answers to
+    listings, remember the requests it makes of the client."""
+
+    listings: dict[Any, str]
+    allowed: Allowed | None
+    on_request: Callable[[Any, str], None]
+
+    def message(self, message: Any) -> Any:
+        if not isinstance(message, dict):
+            return message
+        method = message.get("method")
+        if isinstance(method, str) and "id" in message:
+            self.on_request(message.get("id"), method)
+            return message
+        listing = self.listings.get(_id_key(message.get("id"))) if "id" in message else None
+        if listing is None or self.allowed is None:
+            return message
+        key, field = LISTINGS[listing]
+        result = message.get("result")
+        if isinstance(result, dict) and isinstance(result.get(key), list):
+            result[key] = [
+                item
+                for item in result[key]
+                if isinstance(item, dict)
+                and isinstance(item.get(field), str)
+                and self.allowed.lists(listing, item[field])
+            ]
         return message
-    result = message.get("result")
-    if isinstance(result, dict) and isinstance(result.get("tools"), list):
-        result["tools"] = [
-            t for t in result["tools"] if isinstance(t, dict) and t.get("name") in allowed
-        ]
-    return message
 
-
-def _filter_payload(data: bytes, ids: set[Any], allowed: set[str]) -> bytes | None:
-    """The payload with ``tools/list`` answers filtered, or None when it answers none."""
-    value = json.loads(data)
-    if isinstance(value, list):
-        if not any(_is_answer(v, ids) for v in value):
+    def payload(self, data: bytes) -> bytes | None:
+        """The payload with listing answers filtered, or None when it is left as it is."""
+        value = json.loads(data)
+        if not self.listings and not _makes_requests(value):
             return None
-        value = [_filter_tools(v, allowed) if _is_answer(v, ids) else v for v in value]
-    elif _is_answer(value, ids):
-        value = _filter_tools(value, allowed)
-    else:
-        return None
-    return json.dumps(value, separators=(",", ":")).encode()
+        if isinstance(value, list):
+            value = [self.message(v) for v in value]
+        else:
+            value = self.message(value)
+        return json.dumps(value, separators=(",", ":")).encode() if self.listings else None
 
 
-def _is_answer(value: Any, ids: set[Any]) -> bool:
-    return isinstance(value, dict) and value.get("id") in ids
+def _makes_requests(value: Any) -> bool:
+    items = value if isinstance(value, list) else [value]
+    return any(isinstance(v, dict) and "method" in v and "id" in v for v in items)
 
 
 async def filter_json(
-    chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int
+    chunks: AsyncIterator[bytes], scan: ResponseScan, limit: int
 ) -> AsyncIterator[bytes]:
     buf = bytearray()
     async for chunk in chunks:
         buf += chunk
         if len(buf) > limit:
-            raise BodyInvalid("the MCP server's tools/list answer is too large to filter")
+            raise BodyInvalid("the MCP server's answer is too large to filter")
     try:
-        new = _filter_payload(bytes(buf), ids, allowed)
+        new = scan.payload(bytes(buf))
     except ValueError:
         # Not JSON: nothing we can vouch for, so nothing is passed on.
-        raise BodyInvalid("the MCP server's answer to tools/list is not JSON") from None
+        raise BodyInvalid("the MCP server's answer to a listing is not JSON") from None
     yield bytes(buf) if new is None else new
 
 
 async def filter_sse(
-    chunks: AsyncIterator[bytes], ids: set[Any], allowed: set[str], limit: int
+    chunks: AsyncIterator[bytes], scan: ResponseScan, limit: int
 ) -> AsyncIterator[bytes]:
-    """Rewrite the ``data`` of each SSE event that answers a ``tools/list`` request."""
+    """Each SSE event: listing answers filtered, the server's requests remembered."""
     buf = b""
     async for chunk in chunks:
         buf += chunk
@@ -314,11 +561,11 @@ async def filter_sse(
             if end < 0:
                 break
             event, buf = buf[: end + sep_len], buf[end + sep_len :]
-            yield _rewrite_event(event, ids, allowed)
+            yield _rewrite_event(event, scan)
         if len(buf) > limit:
             raise BodyInvalid("an SSE event from the MCP server is too large")
     if buf:
-        yield _rewrite_event(buf, ids, allowed)
+        yield _rewrite_event(buf, scan)
 
 
 def _event_end(buf: bytes) -> tuple[int, int]:
@@ -330,7 +577,7 @@ def _event_end(buf: bytes) -> tuple[int, int]:
     return best
 
 
-def _rewrite_event(event: bytes, ids: set[Any], allowed: set[str]) -> bytes:
+def _rewrite_event(event: bytes, scan: ResponseScan) -> bytes:
     # The event's lines without the blank line that ends it (a blank line inside would end
     # the event early and split the answer from its event name and id).
     lines = [ln for ln in event.splitlines() if ln]
@@ -339,7 +586,7 @@ def _rewrite_event(event: bytes, ids: set[Any], allowed: set[str]) -> bytes:
     if not payload:
         return event
     try:
-        new = _filter_payload(payload, ids, allowed)
+        new = scan.payload(payload)
     except ValueError:
         return event  # not JSON (a keep-alive, an endpoint event): nothing to filter
     if new is None:

@@ -8,6 +8,7 @@ reports and policy regression); replay checks it against the recorded denials.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -82,7 +83,7 @@ class DenialRecorder:
     def __init__(self, sink: DenialSink) -> None:
         self.sink = sink
 
-    def call_ended(self, call: Call, record: AuditRecord) -> None:
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
         if call.error is None or call.dispatched:
             return
         self.sink.observe_denial(denial_of(call))

@@ -16,6 +16,7 @@ from gateway.audit_record import (
     MAX_PATH,
     AuditRecord,
     BodyMac,
+    McpSummary,
     names,
     timestamp,
 )
@@ -67,15 +68,35 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
             "kinds": names(mac, sorted(findings.sql_kinds)),
             "tables": names(mac, sorted(findings.sql_tables)),
         }
-    if call.operations:
-        tools = call.tools
-        if tools:
-            record["tools"] = names(mac, tools)
     if call.approval is not None:
         record["approval"] = call.approval
     if call.state_error_allowed:
         record["state_error_allowed"] = True
     return record
+
+
+def audit_records(call: Call, mac: BodyMac) -> list[AuditRecord]:
+    """One record per operation of an MCP call (the message's method, what it acts on, the
+    rule that allowed it or none), sharing the request id; one record for any other call."""
+    base = audit_record(call, mac)
+    ops = call.operations
+    if not ops or all(op.rpc is None for op in ops):
+        return [base]
+    out: list[AuditRecord] = []
+    for op in ops:
+        record = base.copy()
+        if op.rpc is not None:
+            summary: McpSummary = {"method": mac.label(op.rpc)}
+            if op.subject is not None:
+                summary["name"] = mac.label(op.subject[1])
+            record["mcp"] = summary
+        # A protocol message is allowed by the endpoint, not by a rule it used.
+        used = op.match is not None and (op.governed or op.subject is not None)
+        record["rule"] = op.match.rule.id if used and op.match is not None else None
+        if call.error is not None and call.error.rule is not None and not used:
+            record["rule"] = call.error.rule
+        out.append(record)
+    return out
 
 
 class Audit:
@@ -86,9 +107,9 @@ class Audit:
     def __call__(self, call: Call) -> None:
         if not self.observers:
             return
-        record = audit_record(call, self.mac)
+        records = audit_records(call, self.mac)
         for observer in self.observers:
             try:
-                observer.call_ended(call, record)
+                observer.call_ended(call, records)
             except Exception:
                 log.exception("%s failed for request %s", type(observer).__name__, call.request_id)

@@ -8,44 +8,27 @@ the token's roles; the call is attributed to the first operation that does somet
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
-
-from gateway.call import Call, CallProtocol
+from gateway.call import Call
 from gateway.errors import NoRule
-from gateway.policy.model import Policy
-
-
-class PolicySource(Protocol):
-    """Where the policy in force is read (a reload swaps it whole)."""
-
-    @property
-    def policy(self) -> Policy: ...
 
 
 class MatchPolicy:
-    def __init__(self, source: PolicySource, protocols: Mapping[str, CallProtocol]) -> None:
-        self.source = source
-        self.protocols = protocols
-
     async def __call__(self, call: Call) -> None:
         assert call.target is not None and call.claims is not None
-        policy = self.source.policy  # one policy for the whole call, even across a reload
-        call.policy = policy
-        upstream = policy.upstreams.get(call.target.upstream)
+        policy = call.policy  # set by route: one policy for the whole call
+        assert policy is not None
+        upstream = call.upstream
         if upstream is None:
             raise NoRule(f"there is no upstream named {call.target.upstream!r}")
-        protocol = self.protocols.get(upstream.kind)
+        protocol = call.protocol
         if protocol is None:  # the loader accepts only known kinds: a bug, so deny
             raise NoRule(f"upstream {upstream.name!r} has no protocol {upstream.kind!r}")
-        call.upstream = upstream
-        call.protocol = protocol
         call.operations = await protocol.inspect(call)
         claims = call.claims
         primary = None
         for op in call.operations:
             op.match = policy.match(
-                claims.roles, claims.caps, call.target, op.method, call.headers, tool=op.tool
+                claims.roles, claims.caps, call.target, op.method, call.headers, op.subject
             )
             if primary is None and op.governed:
                 primary = op

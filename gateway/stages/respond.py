@@ -72,10 +72,14 @@ class Scrubber:
         return tail
 
 
+def _bearer_challenge(err: GatewayError) -> str:
+    return f'Bearer realm="capgate", error="{err.reason.value}"'
+
+
 def problem_response(err: GatewayError, request_id: str) -> web.Response:
     headers = {"X-Request-Id": request_id, **err.headers}
     if isinstance(err, TokenError):
-        headers["WWW-Authenticate"] = f'Bearer realm="capgate", error="{err.reason.value}"'
+        headers["WWW-Authenticate"] = _bearer_challenge(err)
     return web.Response(
         status=err.status,
         body=err.problem_bytes(request_id),
@@ -89,11 +93,14 @@ def refusal(call: Call, err: GatewayError) -> web.Response:
     shaped = call.protocol.refusal(call, err) if call.protocol is not None else None
     if shaped is not None:
         call.status = shaped.status
+        headers = {"X-Request-Id": call.request_id, **err.headers, **shaped.headers}
+        if isinstance(err, TokenError):
+            headers["WWW-Authenticate"] = _bearer_challenge(err)
         return web.Response(
             status=shaped.status,
             body=shaped.body,
             content_type=shaped.content_type,
-            headers={"X-Request-Id": call.request_id, **shaped.headers},
+            headers=headers,
         )
     call.status = err.status
     return problem_response(err, call.request_id)

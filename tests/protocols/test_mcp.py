@@ -1,5 +1,5 @@
-"""gateway/checks/mcp.py: JSON-RPC parsing, tools/list filtering (JSON and SSE), routing
-headers, and adversarial messages."""
+"""gateway/protocols/mcp.py: JSON-RPC parsing, listing filters (JSON and SSE), the server's
+requests remembered from its streams, and adversarial messages."""
 
 from __future__ import annotations
 
@@ -11,7 +11,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BodyInvalid, GatewayError
-from gateway.protocols.mcp import filter_json, filter_sse, parse_messages
+from gateway.protocols.mcp import (
+    Allowed,
+    ResponseScan,
+    filter_json,
+    filter_sse,
+    parse_messages,
+)
+
+
+def tools_scan(ids: set[object], tools: set[str], seen: list[object] | None = None) -> ResponseScan:
+    """A scan filtering the tools/list answers with ``ids`` to ``tools``."""
+
+    def remember(msg_id: object, method: str) -> None:
+        if seen is not None:
+            seen.append((msg_id, method))
+
+    return ResponseScan(
+        {(type(i).__name__, i): "tools/list" for i in ids},
+        Allowed(frozenset(tools), frozenset(), ()),
+        remember,
+    )
 
 
 def call_tool(name: object, arguments: object = None, msg_id: object = 1) -> bytes:
@@ -113,7 +133,9 @@ async def test_sse_answer_is_filtered_across_chunk_boundaries(size: int) -> None
         + json.dumps({"jsonrpc": "2.0", "id": 8, "result": {"tools": [{"name": "x"}]}}).encode()
         + b"\n\n"
     )
-    out = await collect(filter_sse(chunks_of(stream, size), {7}, {"search_orders"}, 1 << 20))
+    out = await collect(
+        filter_sse(chunks_of(stream, size), tools_scan({7}, {"search_orders"}), 1 << 20)
+    )
     events = [e for e in out.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
     first = json.loads(events[0].split(b"data: ", 1)[1])
     assert [t["name"] for t in first["result"]["tools"]] == ["search_orders"]
@@ -124,17 +146,35 @@ async def test_sse_answer_is_filtered_across_chunk_boundaries(size: int) -> None
 
 
 async def test_json_answer_is_filtered() -> None:
-    out = await collect(filter_json(chunks_of(json.dumps(TOOLS).encode(), 5), {7}, {"x"}, 1 << 20))
+    out = await collect(
+        filter_json(chunks_of(json.dumps(TOOLS).encode(), 5), tools_scan({7}, {"x"}), 1 << 20)
+    )
     assert [t["name"] for t in json.loads(out)["result"]["tools"]] == ["x"]
 
 
 async def test_json_answer_too_large_or_not_json_is_refused() -> None:
     with pytest.raises(BodyInvalid):
-        await collect(filter_json(chunks_of(b"x" * 100, 10), {7}, {"x"}, 50))
+        await collect(filter_json(chunks_of(b"x" * 100, 10), tools_scan({7}, {"x"}), 50))
     with pytest.raises(BodyInvalid):
-        await collect(filter_json(chunks_of(b"not json", 3), {7}, {"x"}, 1000))
+        await collect(filter_json(chunks_of(b"not json", 3), tools_scan({7}, {"x"}), 1000))
 
 
 async def test_sse_event_too_large_is_refused() -> None:
     with pytest.raises(BodyInvalid):
-        await collect(filter_sse(chunks_of(b"data: " + b"x" * 200, 10), {7}, {"x"}, 100))
+        await collect(
+            filter_sse(chunks_of(b"data: " + b"x" * 200, 10), tools_scan({7}, {"x"}), 100)
+        )
+
+
+async def test_the_servers_requests_in_a_stream_are_remembered() -> None:
+    stream = (
+        b"data: "
+        + json.dumps({"jsonrpc": "2.0", "id": 41, "method": "roots/list", "params": {}}).encode()
+        + b"\n\ndata: "
+        + json.dumps({"jsonrpc": "2.0", "method": "notifications/progress"}).encode()
+        + b"\n\n"
+    )
+    seen: list[object] = []
+    out = await collect(filter_sse(chunks_of(stream, 5), tools_scan(set(), set(), seen), 1 << 20))
+    assert out.replace(b"\r", b"") == stream  # passed as it came
+    assert seen == [(41, "roots/list")]  # a request (with an id); the notification is not

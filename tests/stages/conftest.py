@@ -12,7 +12,7 @@ version: 1
 upstreams:
   svc: {url: "http://127.0.0.1:9", credentials: {type: bearer, secret: "env:SVC_TOKEN"}}
   db: {url: "http://127.0.0.1:9"}
-  tools: {url: "http://127.0.0.1:9", kind: mcp}
+  tools: {url: "http://127.0.0.1:9", kind: mcp, mcp: {batches: true}}
 roles:
   ops:
     rules:

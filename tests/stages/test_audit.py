@@ -4,6 +4,7 @@ neither changes the answer nor keeps the others from being told."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 
@@ -11,26 +12,23 @@ from gateway.audit_record import AuditRecord, BodyMac
 from gateway.call import Call
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy
-from gateway.protocols import PROTOCOLS
 from gateway.stages.audit import Audit, audit_record
-from gateway.stages.match_policy import MatchPolicy
-from gateway.stages.receive import Receive
 from gateway.stages.validate import Validate
-from gateway.testing import CollectingObserver, FixedPolicy, make_call, run_stages
+from gateway.testing import CollectingObserver, make_call, matching, run_stages
 
 SECRET = "hunter2-do-not-write"
 
 
 async def checked(policy: Policy, call: Call) -> Call:
     try:
-        await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
+        await run_stages(call, *matching(policy), Validate())
     except GatewayError as exc:
         call.error = exc
     return call
 
 
 class Broken:
-    def call_ended(self, call: Call, record: AuditRecord) -> None:
+    def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
         raise OSError("disk full")
 
 
@@ -68,7 +66,7 @@ async def test_the_record_is_a_closed_set_of_fields(policy: Policy) -> None:
     assert set(AuditRecord.__annotations__) == {
         "v", "time", "request_id", "agent", "jti", "run", "upstream", "method", "path", "rule",
         "decision", "reason", "status", "duration_ms", "query", "request_body", "response_body",
-        "sql", "tools", "approval", "state_error_allowed",
+        "sql", "mcp", "approval", "state_error_allowed",
     }  # fmt: skip
     assert (record["rule"], record["decision"], record["reason"]) == (
         "status",

@@ -9,15 +9,14 @@ from gateway.call import Call
 from gateway.credentials import CredentialStore
 from gateway.policy.model import Policy
 from gateway.protocols import PROTOCOLS
+from gateway.protocols.mcp import Mcp
 from gateway.stages.inject import Inject
-from gateway.stages.match_policy import MatchPolicy
-from gateway.stages.receive import Receive
-from gateway.testing import FixedPolicy, make_call, run_stages
+from gateway.testing import make_call, matching, run_stages
 
 
 async def injected(policy: Policy, call: Call) -> Call:
     store = CredentialStore(environ={"SVC_TOKEN": "svc-secret-0123456789"}, base_dir=Path("."))
-    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Inject(store))
+    await run_stages(call, *matching(policy), Inject(store))
     return call
 
 
@@ -48,6 +47,9 @@ async def test_only_allowed_headers_and_the_credential_go_upstream(policy: Polic
 
 async def test_mcp_upstreams_get_the_session_headers(policy: Policy) -> None:
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+    mcp = PROTOCOLS["mcp"]
+    assert isinstance(mcp, Mcp)
+    mcp.bind_session("s1", "test-agent")  # as the server's answer to initialize would
     call = make_call(
         "POST",
         "/tools/mcp",

@@ -8,13 +8,11 @@ from typing import Any
 import pytest
 
 from gateway.call import Call
-from gateway.errors import NoRule, QueryInvalid, StateUnavailable, ToolDenied
+from gateway.errors import McpDenied, NoRule, QueryInvalid, StateUnavailable, ToolDenied
 from gateway.policy.model import Policy
 from gateway.protocols import PROTOCOLS
 from gateway.protocols.mcp import McpRequest
-from gateway.stages.match_policy import MatchPolicy
-from gateway.stages.receive import Receive
-from gateway.testing import FixedPolicy, make_call, run_stages
+from gateway.testing import make_call, matching, run_stages
 
 
 def rpc(msg_id: int | None, method: str, **params: Any) -> dict[str, Any]:
@@ -31,7 +29,7 @@ def tool(msg_id: int, name: str, **arguments: Any) -> dict[str, Any]:
 
 
 async def matched(policy: Policy, call: Call) -> Call:
-    return await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS))
+    return await run_stages(call, *matching(policy))
 
 
 def mcp_call(roles: list[str], payload: Any) -> Call:
@@ -84,7 +82,7 @@ async def test_a_tool_no_rule_allows_refuses_the_batch(policy: Policy) -> None:
 
 
 async def test_methods_the_policy_does_not_name_are_refused(policy: Policy) -> None:
-    with pytest.raises(ToolDenied, match="resources/read"):
+    with pytest.raises(McpDenied, match="the resource 'file:///x'"):
         await matched(policy, mcp_call(["support"], rpc(1, "resources/read", uri="file:///x")))
 
 

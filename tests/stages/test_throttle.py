@@ -10,12 +10,9 @@ import pytest
 from gateway.call import Call
 from gateway.errors import RateLimited
 from gateway.policy.model import Policy
-from gateway.protocols import PROTOCOLS
-from gateway.stages.match_policy import MatchPolicy
-from gateway.stages.receive import Receive
 from gateway.stages.throttle import Throttle
 from gateway.state.memory import MemoryStore
-from gateway.testing import FixedPolicy, make_call, run_stages
+from gateway.testing import make_call, matching, run_stages
 from tests.stages.test_match_policy import rpc, tool
 
 
@@ -28,7 +25,7 @@ async def store() -> AsyncIterator[MemoryStore]:
 
 
 async def throttled(policy: Policy, store: MemoryStore, call: Call) -> Call:
-    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Throttle(store))
+    await run_stages(call, *matching(policy), Throttle(store))
     return call
 
 

@@ -11,16 +11,13 @@ from gateway.call import Call
 from gateway.errors import BodyInvalid, SqlDenied, ToolDenied
 from gateway.payload import BodyPayload, ToolCallPayload
 from gateway.policy.model import Policy
-from gateway.protocols import PROTOCOLS
-from gateway.stages.match_policy import MatchPolicy
-from gateway.stages.receive import Receive
 from gateway.stages.validate import Validate
-from gateway.testing import FixedPolicy, make_call, run_stages
+from gateway.testing import make_call, matching, run_stages
 from tests.stages.test_match_policy import rpc, tool
 
 
 async def validated(policy: Policy, call: Call) -> Call:
-    await run_stages(call, Receive(), MatchPolicy(FixedPolicy(policy), PROTOCOLS), Validate())
+    await run_stages(call, *matching(policy), Validate())
     return call
 
 

@@ -77,6 +77,8 @@ RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resource
 JSONRPC_DENIED = -32001  # implementation-defined server error range (-32000..-32099)
 JSONRPC_UNAUTHORIZED = -32002
 MAX_BATCH = 100
+# From this protocol version on, results carry ``resultType`` (older clients refuse it).
+TAGGED_RESULTS_VERSION = "2026-07-28"
 MAX_SESSIONS = 10_000  # sessions remembered per gateway (oldest forgotten first)
 MAX_PENDING_SERVER_REQUESTS = 10_000
 # Streamable HTTP request headers forwarded to MCP upstreams. Mcp-Method and Mcp-Name are
@@ -443,18 +445,15 @@ def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
     data = err.problem(call.request_id)
     text = f"capgate: {err.reason.value}: {err.detail}"
     as_result = call.upstream is not None and call.upstream.mcp_tool_refusals == "result"
+    refused: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": True}
+    if call.headers.get("Mcp-Protocol-Version", "") >= TAGGED_RESULTS_VERSION:
+        refused["resultType"] = "complete"
     answers: list[dict[str, Any]] = []
     for msg in request.messages:
         if not msg.is_request:
             continue
         if as_result and msg.method == "tools/call":
-            answers.append(
-                {
-                    "jsonrpc": "2.0",
-                    "id": msg.id,
-                    "result": {"content": [{"type": "text", "text": text}], "isError": True},
-                }
-            )
+            answers.append({"jsonrpc": "2.0", "id": msg.id, "result": refused})
             continue
         answers.append(
             {

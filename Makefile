@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The official MCP conformance suite (npm), pinned by conformance/package-lock.json.
+CONFORMANCE_STAMP := conformance/node_modules/.installed
 
-.PHONY: run test pytest bench lint typecheck check clean venv
+.PHONY: run test pytest bench lint typecheck check clean venv conformance conformance-deps
 
 venv: $(STAMP)
 
@@ -23,9 +25,20 @@ run: $(STAMP)
 ## Lint, type-check, then run the whole test suite (what CI runs).
 test: lint typecheck pytest
 
-## The test suite alone.
-pytest: $(STAMP)
+## The test suite alone (its e2e tests run the MCP conformance suite, so it needs Node too).
+pytest: $(STAMP) $(CONFORMANCE_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Install the MCP conformance suite from conformance/package-lock.json (needs node and npm).
+conformance-deps: $(CONFORMANCE_STAMP)
+
+$(CONFORMANCE_STAMP): conformance/package.json conformance/package-lock.json
+	cd conformance && npm ci --no-audit --no-fund
+	@touch $@
+
+## The MCP conformance suite against mocks/conformance_server.py, directly and through capgate.
+conformance: $(STAMP) $(CONFORMANCE_STAMP)
+	$(BIN)/python -m mocks.conformance $(CONFORMANCE_ARGS)
 
 ## Throughput and latency: direct call vs bare proxy vs capgate, as ratios in one run.
 bench: $(STAMP)
@@ -43,4 +56,4 @@ typecheck: $(STAMP)
 check: test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .demo build *.egg-info
+	rm -rf $(VENV) .pytest_cache .demo build *.egg-info conformance/node_modules

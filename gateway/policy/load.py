@@ -296,10 +296,11 @@ def _rule(
     headers = _header_constraints(m["headers"]) if "headers" in m else {}
     mcp = _mcp_subject(m, upstream, upstreams)
     how = _rule_behaviour(m)
-    if mcp.method == "elicitation/create" and not how.approval:
+    if mcp.method == "elicitation/create" and "approval" not in m:
         m["method"].fail(
-            f"{m['method'].where}: answers to elicitation/create put a person's words in the "
-            "agent's mouth; the rule needs 'approval: required'"
+            f"{m['method'].where}: answers to elicitation/create put words in the agent's "
+            "mouth that a person should see: say 'approval: required' (or, knowingly, "
+            "'approval: none')"
         )
     context = CheckContext(
         rule_id=rule_id,

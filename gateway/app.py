@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -282,6 +283,11 @@ async def _watch(gw: Gateway) -> None:
                 reachable = now_reachable
 
 
+# A handler is cancelled when its agent hangs up, so an abandoned call (a held approval, an
+# event stream nobody reads) lets its upstream connection go at once.
+SERVER_OPTIONS: dict[str, Any] = {"access_log": None, "handler_cancellation": True}
+
+
 def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
     """What answers on the agents' port: the health check, and the pipeline for the rest.
 
@@ -302,7 +308,7 @@ def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.Stre
 def create_server(gw: Gateway) -> web.Server:
     """The agents' listener (aiohttp's low-level server: no router, no middleware); its
     resources are opened by ``running(gw)``. Call within a running event loop."""
-    return web.Server(agent_handler(gw), access_log=None)
+    return web.Server(agent_handler(gw), **SERVER_OPTIONS)
 
 
 def configure_logging(level: str) -> None:

@@ -19,6 +19,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
+    ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
 Nothing in a problem body may contain a credential, a token or an upstream body: ``detail``
@@ -60,6 +61,7 @@ class Reason(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
     INTERNAL_ERROR = "internal_error"
+    CLIENT_CLOSED = "client_closed"
 
 
 class GatewayError(Exception):
@@ -305,6 +307,15 @@ class StateUnavailable(GatewayError):
     title = "State store unavailable"
 
 
+class ClientClosed(GatewayError):
+    """Raised when the agent closes its connection before its call is answered (nothing
+    more is sent; the status is nginx's 499, never seen by the agent)."""
+
+    status = 499
+    reason = Reason.CLIENT_CLOSED
+    title = "The agent closed the connection"
+
+
 class InternalError(GatewayError):
     """Raised when a bug or an unexpected condition ends the call; the call is denied."""
 
@@ -347,5 +358,6 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
     Reason.INTERNAL_ERROR: InternalError,
+    Reason.CLIENT_CLOSED: ClientClosed,
 }
 """The class raised for each reason; ``test_errors.py`` checks every reason has one."""

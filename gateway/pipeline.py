@@ -26,7 +26,7 @@ from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
 from gateway.call import Call, CallObserver, CallProtocol
 from gateway.credentials import Credentialing
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import ClientClosed, GatewayError, InternalError
 from gateway.inflight import InFlight
 from gateway.stages.approve import Approve
 from gateway.stages.audit import Audit
@@ -128,6 +128,9 @@ class Pipeline:
             # A revocation cancels the calls in flight of the revoked token, agent or run;
             # the upstream connection was closed as the cancellation unwound the transport.
             if call.revoked is None or task is None:
+                # The agent hung up (the server cancels the handler) or the gateway is
+                # stopping: the upstream was let go as the cancellation unwound.
+                call.error = ClientClosed("the agent's connection closed before the answer")
                 raise
             task.uncancel()
             call.error = call.revoked

@@ -93,7 +93,9 @@ class Telemetry:
             start_time=int(call.wall_started * 1e9),
             attributes=attributes,
         )
-        if audit["decision"] == "deny" or call.error is not None:
+        if audit["decision"] == "deny" or (
+            call.error is not None and audit["reason"] != "client_closed"
+        ):
             span.set_status(Status(StatusCode.ERROR, audit["reason"]))
         span.end()
 

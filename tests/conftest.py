@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.app import Gateway, agent_handler, build_gateway, running
+from gateway.app import SERVER_OPTIONS, Gateway, agent_handler, build_gateway, running
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
 
@@ -152,6 +152,8 @@ async def serve_gateway(
 
         async def serve(gw: Gateway) -> TestClient[Any, Any]:
             await stack.enter_async_context(running(gw))
+            # aiohttp's test server cancels handlers on disconnect, as SERVER_OPTIONS ask.
+            assert SERVER_OPTIONS["handler_cancellation"] is True
             return await aiohttp_client(await aiohttp_raw_server(agent_handler(gw)))
 
         yield serve

@@ -38,6 +38,7 @@ STATUS = {
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.STATE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
+    Reason.CLIENT_CLOSED: 499,
 }
 FAMILY = {
     401: E.TokenError,
@@ -51,6 +52,7 @@ FAMILY = {
     504: E.UpstreamError,
     503: E.StateUnavailable,
     500: E.InternalError,
+    499: E.ClientClosed,
 }
 
 
@@ -88,6 +90,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "payload_too_large",
         "state_unavailable",
         "internal_error",
+        "client_closed",
     }
     for r in Reason:
         assert r == r.value and str(r) == r.value

@@ -567,3 +567,29 @@ async def test_expect_continue_invites_the_body_only_after_the_checks_before_it(
     # Allowed so far: invited, the body is checked and forwarded.
     allowed = await _raw_exchange(client, head(token("sre-bot", ["sre-diagnostics"])), body)
     assert allowed.startswith(b"CONTINUED HTTP/1.1 200 "), allowed
+
+
+async def test_an_agent_hanging_up_is_client_closed_not_an_upstream_error(
+    client, token, settings, gateway
+) -> None:
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(
+        (
+            "GET /echo/echo/slow?delay=3 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {token()}\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    await asyncio.sleep(0.5)  # the call is waiting on the upstream
+    writer.close()
+    for _ in range(50):
+        await asyncio.sleep(0.05)
+        lines = audit_lines(settings, gateway)
+        if lines and lines[-1]["path"] == "/echo/echo/slow":
+            break
+    line = audit_lines(settings, gateway)[-1]
+    assert (line["path"], line["reason"], line["rule"]) == (
+        "/echo/echo/slow",
+        "client_closed",
+        "echo-get",  # the first rule that allows it
+    )

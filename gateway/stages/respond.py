@@ -19,11 +19,11 @@ from gateway.audit_record import BodyMac
 from gateway.call import Call
 from gateway.errors import (
     PROBLEM_CONTENT_TYPE,
+    ClientClosed,
     GatewayError,
     InternalError,
     PayloadTooLarge,
     TokenError,
-    UpstreamError,
 )
 from gateway.http_headers import HOP_BY_HOP, connection_named
 
@@ -242,7 +242,7 @@ class Respond:
             call.error = (
                 exc
                 if isinstance(exc, GatewayError)
-                else UpstreamError("the agent's connection closed during the response")
+                else ClientClosed("the agent's connection closed during the response")
             )
             if request.transport is not None:
                 request.transport.close()

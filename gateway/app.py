@@ -285,7 +285,13 @@ async def _watch(gw: Gateway) -> None:
 
 # A handler is cancelled when its agent hangs up, so an abandoned call (a held approval, an
 # event stream nobody reads) lets its upstream connection go at once.
-SERVER_OPTIONS: dict[str, Any] = {"access_log": None, "handler_cancellation": True}
+# Request bodies are never inflated by the server: a compressed upload is refused (receive)
+# rather than decompressed, even after an early answer (a gzip bomb without a token).
+SERVER_OPTIONS: dict[str, Any] = {
+    "access_log": None,
+    "handler_cancellation": True,
+    "auto_decompress": False,
+}
 
 
 def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:

@@ -88,6 +88,7 @@ class Call:
     operations: list[Operation] = field(default_factory=list)  # match_policy
     match: Match | None = None  # match_policy: the rule the call is attributed to
     findings: Findings = field(default_factory=Findings)  # validate
+    content_type: str | None = None  # validate / protocol: Content-Type of the checked body
     state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
     approval: str | None = None  # approve: the approval that let the call go on
     outbound_headers: CIMultiDict[str] | None = None  # inject

@@ -12,6 +12,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     │   │                           approval_denied
     │   └── McpSessionUnknown (404) mcp_session_unknown
     ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
+    │   └── UnsupportedMediaType (415) unsupported_media_type
     ├── PayloadTooLarge (413)       payload_too_large
     ├── Throttled (429)             rate_limited, quota_exhausted
     ├── ApprovalTimeout (408)       approval_timeout
@@ -47,6 +48,7 @@ class Reason(StrEnum):
     NO_RULE = "no_rule"
     QUERY_INVALID = "query_invalid"
     BODY_INVALID = "body_invalid"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SQL_DENIED = "sql_denied"
     TOOL_DENIED = "tool_denied"
     MCP_DENIED = "mcp_denied"
@@ -70,6 +72,8 @@ class GatewayError(Exception):
     status: ClassVar[int] = 500
     reason: ClassVar[Reason] = Reason.INTERNAL_ERROR
     title: ClassVar[str] = "Gateway error"
+    # The agent's connection is closed after the answer (its framing cannot be trusted).
+    close_connection: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -216,6 +220,14 @@ class TargetAmbiguous(BadRequest):
     title = "Ambiguous request target"
 
 
+class FramingAmbiguous(TargetAmbiguous):
+    """Raised when a request's framing could be read two ways (HTTP/1.0 with
+    ``Transfer-Encoding``, RFC 9112 6.1): answered, then the connection is closed."""
+
+    title = "Ambiguous request framing"
+    close_connection = True
+
+
 class QueryInvalid(BadRequest):
     """Raised when a query parameter is unknown, repeated, missing or out of its constraint."""
 
@@ -228,6 +240,15 @@ class BodyInvalid(BadRequest):
 
     reason = Reason.BODY_INVALID
     title = "Body not allowed"
+
+
+class UnsupportedMediaType(BadRequest):
+    """Raised when a body the gateway checks is sent in a character set or content coding
+    the upstream could read differently (anything but UTF-8, identity)."""
+
+    status = 415
+    reason = Reason.UNSUPPORTED_MEDIA_TYPE
+    title = "Unsupported media type"
 
 
 # --- other statuses -------------------------------------------------------------------------
@@ -344,6 +365,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.NO_RULE: NoRule,
     Reason.QUERY_INVALID: QueryInvalid,
     Reason.BODY_INVALID: BodyInvalid,
+    Reason.UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaType,
     Reason.SQL_DENIED: SqlDenied,
     Reason.TOOL_DENIED: ToolDenied,
     Reason.MCP_DENIED: McpDenied,

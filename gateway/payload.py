@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import BodyInvalid
+from gateway.errors import BodyInvalid, UnsupportedMediaType
 
 MAX_JSON_DEPTH = 64
 
@@ -71,14 +71,14 @@ class Payload:
 class BodyPayload(Payload):
     """A request body as received; parsed as strict JSON at most once, on demand."""
 
-    __slots__ = ("raw", "media_type", "_json")
+    __slots__ = ("raw", "media_type", "charset", "_json")
 
     _UNPARSED: Any = object()
 
     def __init__(self, raw: bytes, content_type: str, findings: Findings) -> None:
         super().__init__(findings)
         self.raw = raw
-        self.media_type = content_type.split(";", 1)[0].strip().lower()
+        self.media_type, self.charset = media_type_of(content_type)
         self._json: Any = self._UNPARSED
 
     def json(self) -> Any:
@@ -87,8 +87,31 @@ class BodyPayload(Payload):
             media = self.media_type
             if media != "application/json" and not media.endswith("+json"):
                 raise BodyInvalid("the body must be sent with Content-Type: application/json")
+            self.check_charset()
             self._json = parse_json(self.raw)
         return self._json
+
+    def text(self) -> str:
+        """The body as UTF-8 text (``unsupported_media_type`` for another declared charset)."""
+        self.check_charset()
+        try:
+            return self.raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BodyInvalid("the body is not UTF-8 text") from None
+
+    def check_charset(self) -> None:
+        # SECURITY: the upstream decodes with the declared charset; the check reads UTF-8.
+        # Any other charset (utf-7 smuggled a second "sql" key) would make them disagree.
+        if self.charset not in (None, "utf-8", "utf8"):
+            raise UnsupportedMediaType(
+                f"a checked body must be UTF-8; this one declares charset={self.charset!r}"
+            )
+
+    @property
+    def forwarded_content_type(self) -> str:
+        """The ``Content-Type`` sent upstream for a checked body: its media type, and the
+        charset it was read in (no other parameter the upstream might act on)."""
+        return f"{self.media_type}; charset=utf-8" if self.charset else self.media_type
 
     def replace_json(self, value: Any) -> None:
         """Forward ``value`` (compact UTF-8 JSON) instead of the body received."""
@@ -143,6 +166,17 @@ class PayloadCheck(Protocol):
 
     def check(self, payload: Payload) -> None:
         """Raise a ``GatewayError`` when the payload breaks the rule; may rewrite it."""
+
+
+def media_type_of(content_type: str) -> tuple[str, str | None]:
+    """``application/json; charset=UTF-8`` -> ``("application/json", "utf-8")``."""
+    media, _, params = content_type.partition(";")
+    charset = None
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    return media.strip().lower(), charset
 
 
 # --- strict JSON ----------------------------------------------------------------------------

@@ -154,7 +154,10 @@ async def serve_gateway(
             await stack.enter_async_context(running(gw))
             # aiohttp's test server cancels handlers on disconnect, as SERVER_OPTIONS ask.
             assert SERVER_OPTIONS["handler_cancellation"] is True
-            return await aiohttp_client(await aiohttp_raw_server(agent_handler(gw)))
+            server = await aiohttp_raw_server(
+                agent_handler(gw), auto_decompress=SERVER_OPTIONS["auto_decompress"]
+            )
+            return await aiohttp_client(server)
 
         yield serve
 

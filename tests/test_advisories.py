@@ -6,6 +6,7 @@ fails if it comes back.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -19,6 +20,7 @@ from gateway.config import load_settings
 from mocks.demo import Workspace
 from tests.conftest import Mocks
 
+PROBLEM = "application/problem+json"
 MCP_ACCEPT = "application/json, text/event-stream"
 
 
@@ -489,3 +491,84 @@ async def test_a_reflected_credential_never_reaches_the_agent(
     assert resp.reason == "OK " + "*" * len(secret)
     assert resp.headers["X-Seen"] == "*" * len(secret)
     assert not [k for k in resp.headers if k.lower().startswith("x-seen-")]
+
+
+# --- [4/9] bytes checked are bytes forwarded ----------------------------------------------
+
+
+async def test_a_checked_body_in_another_charset_is_refused(
+    example: Any, workspace: Workspace, mocks: Mocks
+) -> None:
+    """CG-2026-04 (charset): ``charset=utf-7`` was checked as UTF-8 but decoded by the
+    upstream as UTF-7, which smuggled a second "sql" key and returned SSNs. A checked body
+    must be UTF-8; the upstream gets the type it was checked as."""
+    smuggle = b'{"sql": "SELECT id FROM orders LIMIT 1" +ACIAcwBxAGwAIgA6ACI-x"}'
+    before = int(mocks.stats("db")["queries_executed"])
+    resp = await example.post(
+        "/db/query",
+        data=smuggle,
+        headers={
+            "Authorization": f"Bearer {workspace.token('analyst-bot', ['analyst'])}",
+            "Content-Type": "application/json; charset=utf-7",
+        },
+    )
+    assert resp.status == 415
+    assert (await resp.json(content_type=PROBLEM))["reason"] == "unsupported_media_type"
+    assert int(mocks.stats("db")["queries_executed"]) == before
+    # UTF-8 declared in any spelling passes, and is forwarded normalised.
+    mocks.clear()
+    resp = await example.post(
+        "/db/query",
+        data=b'{"sql": "SELECT id FROM orders LIMIT 1"}',
+        headers={
+            "Authorization": f"Bearer {workspace.token('analyst-bot', ['analyst'])}",
+            "Content-Type": 'application/json; charset="UTF-8"; profile=x',
+        },
+    )
+    assert resp.status == 200
+    [seen] = [r for r in mocks.requests("db") if r["path"] == "/query"]
+    assert seen["headers"]["Content-Type"] == "application/json; charset=utf-8"
+
+
+async def test_http10_with_transfer_encoding_is_refused_and_closed(client: Any, token: Any) -> None:
+    """CG-2026-05: HTTP/1.0 with Transfer-Encoding was forwarded as a chunked HTTP/1.1 request
+    and the connection kept open (RFC 9112 6.1: treat as faulty, close)."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(
+        (
+            "POST /echo/echo/post HTTP/1.0\r\nHost: x\r\n"
+            f"Authorization: Bearer {token()}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "5\r\nhello\r\n0\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 5)  # read to EOF: the gateway closes
+    writer.close()
+    assert answer.startswith(b"HTTP/1.0 400 ") or answer.startswith(b"HTTP/1.1 400 ")
+    assert b"target_ambiguous" in answer
+
+
+async def test_connection_naming_a_checked_header_is_refused(
+    client: Any, token: Any, mocks: Mocks
+) -> None:
+    """CG-2026-06: ``Connection: X-Trace`` made the gateway drop a header the rule had just
+    checked (``Connection: Content-Type``: the type a body check relied on)."""
+    resp = await client.get(
+        "/echo/echo/x",
+        headers={"Authorization": f"Bearer {token()}", "X-Trace": "abc", "Connection": "X-Trace"},
+    )
+    assert resp.status == 400
+    assert (await resp.json(content_type=PROBLEM))["reason"] == "query_invalid"
+    assert mocks.requests("echo") == []
+
+
+async def test_a_compressed_upload_is_refused_and_never_inflated(client: Any, mocks: Mocks) -> None:
+    """CG-2026-07: gzip bodies that inflate to 1 GiB were inflated by the server even after a
+    401, delaying other agents' calls. Request decompression is off; codings are refused."""
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (50 * 1024 * 1024))  # ~50 KiB that inflate to 50 MiB
+    resp = await client.post("/echo/echo/post", data=bomb, headers={"Content-Encoding": "gzip"})
+    assert resp.status == 415
+    assert (await resp.json(content_type=PROBLEM))["reason"] == "unsupported_media_type"
+    assert mocks.requests("echo") == []

@@ -30,6 +30,7 @@ STATUS = {
     Reason.TARGET_AMBIGUOUS: 400,
     Reason.QUERY_INVALID: 400,
     Reason.BODY_INVALID: 400,
+    Reason.UNSUPPORTED_MEDIA_TYPE: 415,
     Reason.PAYLOAD_TOO_LARGE: 413,
     Reason.RATE_LIMITED: 429,
     Reason.QUOTA_EXHAUSTED: 429,
@@ -45,6 +46,7 @@ FAMILY = {
     403: E.PolicyDenied,
     404: E.PolicyDenied,
     400: E.BadRequest,
+    415: E.BadRequest,
     413: E.PayloadTooLarge,
     429: E.Throttled,
     408: E.ApprovalTimeout,
@@ -54,6 +56,10 @@ FAMILY = {
     500: E.InternalError,
     499: E.ClientClosed,
 }
+
+
+def test_framing_refusals_close_the_connection() -> None:
+    assert E.FramingAmbiguous.close_connection and not E.TargetAmbiguous.close_connection
 
 
 def test_every_reason_has_a_class_with_that_reason() -> None:
@@ -76,6 +82,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "no_rule",
         "query_invalid",
         "body_invalid",
+        "unsupported_media_type",
         "sql_denied",
         "tool_denied",
         "mcp_denied",

@@ -47,12 +47,14 @@ from gateway.errors import (
     McpDenied,
     McpSessionUnknown,
     TokenError,
+    UnsupportedMediaType,
 )
 from gateway.payload import (
     ArgumentsPayload,
     PromptPayload,
     ToolCallPayload,
     dump_json,
+    media_type_of,
     parse_json,
 )
 from gateway.policy.model import MCP_METHODS, Subject, UriPattern
@@ -211,6 +213,10 @@ class Mcp:
         if call.method != "POST":
             return [Operation(kind="request", method=call.method)]
         assert call.upstream is not None
+        media, charset = media_type_of(call.headers.get("Content-Type", ""))
+        if media != "application/json" or charset not in (None, "utf-8", "utf8"):
+            raise UnsupportedMediaType("an MCP message is sent as application/json, in UTF-8")
+        call.content_type = "application/json"
         request = parse_request(await call.read_body(call.upstream.max_request_body))
         call.inspection = request
         session = call.headers.get("Mcp-Session-Id", "")

@@ -50,8 +50,11 @@ class Inject:
         extra = call.protocol.forwarded_headers
         prefixes = call.protocol.forwarded_header_prefixes
         pairs: list[tuple[str, str]] = []
+        checked_type = call.content_type
         for name, value in call.headers.items():
             low = name.lower()
+            if checked_type is not None and low == "content-type":
+                continue  # replaced by the type the body was checked as
             if (
                 low in FORWARDED_REQUEST_HEADERS
                 or low in named
@@ -59,6 +62,8 @@ class Inject:
                 or (prefixes and low.startswith(prefixes))
             ) and (low not in dropped and low not in HOP_BY_HOP):
                 pairs.append((name, value))
+        if checked_type is not None:
+            pairs.append(("Content-Type", checked_type))
         out: CIMultiDict[str] = CIMultiDict(pairs)
         out["Accept-Encoding"] = "identity"
         out["X-Request-Id"] = call.request_id

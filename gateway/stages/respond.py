@@ -103,7 +103,10 @@ def refusal(call: Call, err: GatewayError) -> web.Response:
             headers=headers,
         )
     call.status = err.status
-    return problem_response(err, call.request_id)
+    response = problem_response(err, call.request_id)
+    if err.close_connection:
+        response.force_close()
+    return response
 
 
 async def _limited(chunks: AsyncIterator[bytes], call: Call, limit: int) -> AsyncIterator[bytes]:

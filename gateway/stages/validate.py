@@ -35,6 +35,8 @@ class Validate:
                 )
             for check in checks:
                 check.check(payload)
-            if isinstance(payload, BodyPayload) and payload.rewritten:
-                call.body = payload.raw
+            if isinstance(payload, BodyPayload):
+                call.content_type = payload.forwarded_content_type
+                if payload.rewritten:
+                    call.body = payload.raw
         call.protocol.finish(call)

@@ -57,10 +57,10 @@ async def test_mcp_upstreams_get_the_session_headers(policy: Policy) -> None:
         roles=["support"],
         headers=[
             ("Mcp-Session-Id", "s1"),
-            ("Connection", "Mcp-Protocol-Version"),
             ("Mcp-Protocol-Version", "x"),
+            ("Mcp-Param-Region", "eu"),
         ],
     )
     out = (await injected(policy, call)).outbound_headers
-    assert out is not None and out["Mcp-Session-Id"] == "s1"
-    assert "Mcp-Protocol-Version" not in out  # named in Connection: hop-by-hop
+    assert out is not None and out["Mcp-Session-Id"] == "s1" and out["Mcp-Protocol-Version"] == "x"
+    assert "Mcp-Param-Region" not in out  # not compared with the body: not forwarded

@@ -39,8 +39,8 @@ class SqlBodyCheck:
 
     def _check_raw(self, payload: BodyPayload) -> None:
         try:
-            text = payload.raw.decode("utf-8")
-        except UnicodeDecodeError:
+            text = payload.text()
+        except BodyInvalid:
             raise BodyInvalid("the SQL body is not UTF-8 text", rule=self.rule_id) from None
         verdict = self.policy.check(text)
         payload.findings.note_sql(verdict.kinds, verdict.tables)

@@ -95,7 +95,6 @@ class Call:
     injection: Injection | None = None  # inject
     dispatched: bool = False  # dispatch: the call was handed to the transport
     response: UpstreamResponse | None = None  # dispatch
-    request_digest: BodyDigest | None = None  # dispatch: a streamed body's size and digest
     status: int | None = None  # respond: the status sent to the agent
     response_bytes: int = 0  # respond
     response_digest: BodyDigest | None = None  # respond

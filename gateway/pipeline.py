@@ -86,7 +86,7 @@ class Pipeline:
             Approve(services.approvals, services.inflight),
             Inject(services.credentials),
         )
-        self.dispatch = Dispatch(services.transport, services.mac)
+        self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
         self.audit = Audit(services.mac, services.observers)
 

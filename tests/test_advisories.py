@@ -572,3 +572,23 @@ async def test_a_compressed_upload_is_refused_and_never_inflated(client: Any, mo
     assert resp.status == 415
     assert (await resp.json(content_type=PROBLEM))["reason"] == "unsupported_media_type"
     assert mocks.requests("echo") == []
+
+
+async def test_a_body_no_rule_takes_is_refused(client: Any, token: Any, mocks: Mocks) -> None:
+    """CG-2026-08: a GET with a chunked body, and any body on a rule without body:/sql:, was
+    forwarded unchecked. A rule says that it takes a body; otherwise a body is refused."""
+
+    async def chunks() -> Any:
+        yield b'{"smuggled": '
+        yield b"true}"
+
+    auth = {"Authorization": f"Bearer {token()}"}
+    resp = await client.get("/echo/echo/x", headers=auth, data=chunks())
+    assert resp.status == 400
+    assert (await resp.json(content_type=PROBLEM))["reason"] == "body_invalid"
+    resp = await client.get("/echo/echo/x", headers=auth, data=b"payload")
+    assert resp.status == 400
+    assert mocks.requests("echo") == []
+    # A rule with body: takes one (here any bytes up to its size).
+    resp = await client.post("/echo/echo/post", headers=auth, data=b"payload")
+    assert resp.status == 200

@@ -58,8 +58,11 @@ def compile_schema(node: Node) -> Draft202012Validator | None:
 
 @dataclass(frozen=True, slots=True)
 class BodyCheck:
+    """A rule's ``body:``: the body it takes, up to ``max_size``, and its JSON Schema (none:
+    any bytes, which the rule accepts knowingly)."""
+
     kind = "body"
-    validator: Draft202012Validator
+    validator: Draft202012Validator | None
     max_size: int | None
     rule_id: str | None
 
@@ -71,6 +74,8 @@ class BodyCheck:
                 f"the body is larger than the rule's limit of {self.max_size} bytes",
                 rule=self.rule_id,
             )
+        if self.validator is None:
+            return
         errors = schema_errors(self.validator, payload.json())
         if errors:
             first = errors[0]
@@ -85,7 +90,8 @@ class BodyCheck:
 # The ``body:`` key, as the policy file's JSON Schema describes it (``policy/spec.py``).
 BODY_KEY_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "description": "the JSON body: a JSON Schema (Draft 2020-12) and a size limit",
+    "description": "the body the rule takes: a JSON Schema (Draft 2020-12) for a JSON body, "
+    "and/or a size limit (a rule without body, sql or arguments takes no body)",
     "properties": {
         "schema": {"type": ["object", "boolean"], "description": "the body's JSON Schema"},
         "max_size": {
@@ -93,7 +99,7 @@ BODY_KEY_SCHEMA: dict[str, Any] = {
             "description": "largest body this rule takes (a size such as 16KiB)",
         },
     },
-    "required": ["schema"],
+    "minProperties": 1,
     "additionalProperties": False,
 }
 
@@ -105,11 +111,14 @@ def compile_body(node: Node, context: CheckContext) -> BodyCheck | None:
             "with 'arguments'"
         )
         return None
-    m = node.as_map(required=("schema",), optional=("max_size",))
-    if m is None or "schema" not in m:
+    m = node.as_map(optional=("schema", "max_size"))
+    if m is None:
         return None
-    validator = compile_schema(m["schema"])
+    if not m:
+        node.fail(f"{node.where}: say what body the rule takes: 'schema', 'max_size' or both")
+        return None
+    validator = compile_schema(m["schema"]) if "schema" in m else None
     max_size = m["max_size"].as_size() if "max_size" in m else None
-    if validator is None:
+    if "schema" in m and validator is None:
         return None
     return BodyCheck(validator=validator, max_size=max_size, rule_id=context.rule_id)

@@ -56,9 +56,7 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     }
     if target is not None and target.query_pairs:
         record["query"] = names(mac, [name for name, _ in target.query_pairs])
-    if call.request_digest is not None:
-        record["request_body"] = call.request_digest
-    elif call.body is not None:
+    if call.body is not None:
         record["request_body"] = mac.of(call.body)
     if call.response_digest is not None:
         record["response_body"] = call.response_digest

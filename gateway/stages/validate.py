@@ -1,8 +1,9 @@
 """validate: run each operation's rule checks on its payload (JSON Schema, SQL, arguments).
 
 A plain request's payload is its body, read whole (up to the upstream's limit) only when its
-rule has checks. Checks may rewrite a payload; the body that will be forwarded is made from
-the checked payloads, so what was checked is what is sent.
+rule has checks. A body the rule does not take (no ``body:``, ``sql:`` or ``arguments:``) is
+refused, so nothing unchecked rides along. Checks may rewrite a payload; the body that will
+be forwarded is made from the checked payloads, so what was checked is what is sent.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from gateway.call import Call
+from gateway.errors import BodyInvalid
 from gateway.payload import BodyPayload
 
 
@@ -18,6 +20,14 @@ class Validate:
         for op in call.operations:
             if op.governed and op.match is not None and op.match.rule.checks:
                 return self._check(call)
+        if call.body is None and call.request is not None and call.request.body_exists:
+            # SECURITY: a body no check reads (a GET with a chunked body, a POST to a rule
+            # without body:) would be forwarded unchecked.
+            raise BodyInvalid(
+                "this call carries a body that its rule does not take (a rule says 'body:' "
+                "to take one)",
+                rule=call.rule_id,
+            )
         return None  # nothing to check: the body is neither read nor changed
 
     async def _check(self, call: Call) -> None:

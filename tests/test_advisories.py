@@ -592,3 +592,47 @@ async def test_a_body_no_rule_takes_is_refused(client: Any, token: Any, mocks: M
     # A rule with body: takes one (here any bytes up to its size).
     resp = await client.post("/echo/echo/post", headers=auth, data=b"payload")
     assert resp.status == 200
+
+
+def _gateway_for(upstream_url: str, tmp_path: Path, workspace: Workspace, rules: str) -> Any:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f'version: 1\nupstreams:\n  up: {{url: "{upstream_url}"}}\n'
+        f"roles:\n  r:\n    rules:\n{rules}"
+    )
+    settings = load_settings({"policy": str(policy), "jwks": str(workspace.jwks), "audit": "-"}, {})
+    return build_gateway(settings, workspace.environ())
+
+
+async def test_no_call_is_sent_twice(
+    serve_gateway: Any, workspace: Workspace, tmp_path: Path
+) -> None:
+    """CG-2026-09: on a connection reset the client resent GET, PUT and DELETE, so the
+    upstream received them twice behind the policy's back. No retries."""
+    seen: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # First request on a connection: answered, kept alive. Second: read, then reset.
+        for answered in (True, False):
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head.split(b"\r\n", 1)[0])
+            if not answered:
+                writer.transport.abort()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    gw = _gateway_for(
+        f"http://127.0.0.1:{port}", tmp_path, workspace,
+        "      - {id: del, upstream: up, allow: 'DELETE /items/{id}'}\n",
+    )  # fmt: skip
+    client = await serve_gateway(gw)
+    auth = {"Authorization": f"Bearer {workspace.token('a1', ['r'])}"}
+    async with server:
+        assert (await client.delete("/up/items/1", headers=auth)).status == 200
+        resp = await client.delete("/up/items/2", headers=auth)
+        assert resp.status == 502
+        await asyncio.sleep(0.2)
+    assert seen == [b"DELETE /items/1 HTTP/1.1", b"DELETE /items/2 HTTP/1.1"]

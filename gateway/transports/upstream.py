@@ -71,7 +71,7 @@ class LiveTransport:
                 ttl_dns_cache=60,
                 enable_cleanup_closed=False,
             )
-            self._session = aiohttp.ClientSession(
+            session = aiohttp.ClientSession(
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
@@ -79,6 +79,12 @@ class LiveTransport:
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None),
             )
+            # SECURITY: aiohttp resends an idempotent request (GET, PUT, DELETE) once on a new
+            # connection when a pooled one was reset; the upstream may then act twice on one
+            # call the policy allowed once. There is no public switch; a test pins this one
+            # (test_advisories.test_no_call_is_sent_twice).
+            session._retry_connection = False
+            self._session = session
         return self._session
 
     def _route(self, up: Upstream) -> tuple[str, aiohttp.ClientTimeout]:

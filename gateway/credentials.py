@@ -18,12 +18,16 @@ held in ``Secret`` objects whose ``repr`` is masked, and are never put in an err
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import quote
 
 from gateway.errors import ConfigError, InternalError
 from gateway.policy.model import Credentials, Policy
@@ -63,6 +67,41 @@ class Injection:
     value: Secret  # the whole header value, prefix included
     secret: Secret  # the bare secret, which must never reach the agent
     name: str  # a stable name for the secret, used by recordings: "<upstream>:<type>"
+
+
+MIN_BASE64_FORM = 12  # shorter base64 fragments of a secret would mask unrelated text
+
+
+@functools.lru_cache(maxsize=4096)
+def labelled_forms(secret: str) -> tuple[tuple[str, bytes], ...]:
+    """The byte forms in which an upstream may reflect a credential, each with a label ("" for
+    the secret as sent), longest first: as sent, JSON-escaped, percent-encoded, and the stretch
+    of its base64 (standard, URL-safe) that the secret alone determines, at each of the three
+    alignments it can have in a longer encoded text. Masking these is defence in depth: an
+    upstream that transforms a secret another way (hashes, splits, encrypts it) is not caught
+    by any mask."""
+    raw = secret.encode()
+    forms: dict[bytes, str] = {raw: ""}
+    forms.setdefault(json.dumps(secret)[1:-1].encode(), "json")
+    forms.setdefault(quote(secret, safe="").encode(), "pct")
+    for pad in range(3):
+        data = b"\0" * pad + raw
+        first = -(-pad // 3)  # the first 3-byte group made of the secret only
+        last = (pad + len(raw)) // 3  # one past the last such group
+        if last - first <= 0:
+            continue
+        for label, encode in (("b64", base64.b64encode), ("b64u", base64.urlsafe_b64encode)):
+            encoded = encode(data)[first * 4 : last * 4]
+            if len(encoded) >= MIN_BASE64_FORM:
+                forms.setdefault(encoded, f"{label}.{pad}")
+    return tuple(
+        sorted(((lb, f) for f, lb in forms.items() if len(f) >= 4), key=lambda i: -len(i[1]))
+    )
+
+
+def reflected_forms(secret: str) -> tuple[bytes, ...]:
+    """``labelled_forms`` without their labels (what the respond stage masks)."""
+    return tuple(form for _, form in labelled_forms(secret))
 
 
 class Credentialing(Protocol):

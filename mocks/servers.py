@@ -14,6 +14,8 @@ refused is in the ``X-Mock-Auth-Error`` response header.
 from __future__ import annotations
 
 import asyncio
+import base64
+import gzip
 import hmac
 import json
 import math
@@ -24,6 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
+from urllib.parse import quote
 
 import jwt
 from aiohttp import web
@@ -501,13 +504,23 @@ async def _echo_status(request: web.Request) -> web.Response:
 
 async def _echo_reflect(request: web.Request) -> web.Response:
     """A hostile upstream: puts the ``X-Api-Key`` it received in its reason phrase, in a
-    header name and in a header value (the body is the usual echo)."""
+    header name and in a header value; the body is the usual echo plus the key base64-,
+    URL-safe-base64- and percent-encoded inside longer text. ``?gzip=1`` compresses the body
+    (whatever the client asked for)."""
     key = request.headers.get("X-Api-Key", "none")
-    return web.json_response(
-        await _echo_payload(request),
-        reason=f"OK {key}",
-        headers={f"X-Seen-{key}": "1", "X-Seen": key},
-    )
+    payload = await _echo_payload(request)
+    raw = key.encode()
+    payload["encoded"] = {
+        "b64": base64.b64encode(b"user=agent;key=" + raw + b";end").decode(),
+        "b64url": base64.urlsafe_b64encode(b"k:" + raw).decode(),
+        "pct": "https://x.example/?k=" + quote(key, safe=""),
+    }
+    headers = {f"X-Seen-{key}": "1", "X-Seen": key}
+    if request.query.get("gzip"):
+        body = gzip.compress(json.dumps(payload).encode())
+        headers.update({"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        return web.Response(body=body, reason=f"OK {key}", headers=headers)
+    return web.json_response(payload, reason=f"OK {key}", headers=headers)
 
 
 async def _echo_sse(request: web.Request) -> web.StreamResponse:

@@ -7,6 +7,7 @@ fails if it comes back.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -491,6 +492,17 @@ async def test_a_reflected_credential_never_reaches_the_agent(
     assert resp.reason == "OK " + "*" * len(secret)
     assert resp.headers["X-Seen"] == "*" * len(secret)
     assert not [k for k in resp.headers if k.lower().startswith("x-seen-")]
+    # Encoded inside longer text (base64 at any alignment, URL-safe, percent-encoded): the
+    # agent cannot decode the secret out of what it got.
+    encoded = json.loads(body)["encoded"]
+    assert secret.encode() not in base64.b64decode(encoded["b64"] + "==")
+    assert secret.encode() not in base64.urlsafe_b64decode(encoded["b64url"] + "==")
+    assert "*" in encoded["pct"] and secret not in encoded["pct"]
+    # A compressed answer from an upstream holding the credential is not passed on at all.
+    resp = await client.get(
+        "/echo/echo/reflect?gzip=1", headers={"Authorization": f"Bearer {token()}"}
+    )
+    assert resp.status == 502 and secret.encode() not in await resp.read()
 
 
 # --- [4/9] bytes checked are bytes forwarded ----------------------------------------------

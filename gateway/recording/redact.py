@@ -44,7 +44,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import quote
+
+from gateway.credentials import labelled_forms
 
 if TYPE_CHECKING:
     from gateway.credentials import Injection
@@ -198,6 +199,13 @@ def _looks_like_bearer(token: bytes) -> bool:
     return has_digit and has_alpha and entropy(token) >= BEARER_MIN_ENTROPY
 
 
+def marker_name(name: str, label: str) -> str:
+    """The marker of one form of a known secret: ``[secret:<name>]`` stands for the value as
+    sent, ``[secret:<name>#b64.1]`` for its base64 form at alignment 1, and so on, so that
+    replay can put back exactly the form the upstream sent (and mask it the same way)."""
+    return f"{name}#{label}" if label else name
+
+
 @dataclass(frozen=True, slots=True)
 class KnownSecret:
     """A credential value known by provenance: the gateway put it into the call."""
@@ -219,14 +227,17 @@ class KnownSecret:
     def __repr__(self) -> str:  # never show the value, even in a test failure
         return f"KnownSecret(name={self.name!r}, value='****')"
 
-    def literals(self) -> tuple[bytes, ...]:
-        """The byte forms the value may take in a body or URL: raw, JSON-escaped, %-encoded."""
-        raw = self.value.encode()
-        forms = {raw, json.dumps(self.value)[1:-1].encode(), quote(self.value, safe="").encode()}
+    def literals(self) -> tuple[tuple[str, bytes], ...]:
+        """The byte forms the value may take in a body or URL (``labelled_forms``: raw,
+        JSON-escaped, %-encoded, base64), and the whole header value, each with the marker
+        name that stands for it (``<name>`` for the value itself, ``<name>#<form>`` else),
+        longest first, so a header value with its prefix wins over the bare secret."""
+        forms = {form: marker_name(self.name, label) for label, form in labelled_forms(self.value)}
         if self.header_value:
-            forms.add(self.header_value.encode())
-        # Longest first, so a header value with its prefix wins over the bare secret.
-        return tuple(sorted((f for f in forms if len(f) >= 4), key=len, reverse=True))
+            forms.setdefault(self.header_value.encode(), marker_name(self.name, "header"))
+        return tuple(
+            sorted(((n, f) for f, n in forms.items() if len(f) >= 4), key=lambda i: -len(i[1]))
+        )
 
 
 Span = tuple[int, int, int]
@@ -355,7 +366,7 @@ class Redactor:
     def _literals(
         secrets: Sequence[KnownSecret], extra: Sequence[tuple[str, bytes]] = ()
     ) -> list[tuple[str, bytes]]:
-        lits: list[tuple[str, bytes]] = [(s.name, f) for s in secrets for f in s.literals()]
+        lits: list[tuple[str, bytes]] = [pair for s in secrets for pair in s.literals()]
         lits.extend(extra)
         # Longest first, so the longest form of a value is the one replaced.
         lits.sort(key=lambda item: len(item[1]), reverse=True)

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.audit_record import BodyMac
 from gateway.call import Call
+from gateway.credentials import reflected_forms
 from gateway.errors import (
     PROBLEM_CONTENT_TYPE,
     ClientClosed,
@@ -24,6 +25,7 @@ from gateway.errors import (
     InternalError,
     PayloadTooLarge,
     TokenError,
+    UpstreamError,
 )
 from gateway.http_headers import HOP_BY_HOP, connection_named
 
@@ -43,27 +45,34 @@ class ResponseTooLarge(PayloadTooLarge):
     status = 502
 
 
+def mask(data: bytes, forms: tuple[bytes, ...]) -> bytes:
+    """``data`` with every form of the secret (longest first) replaced by asterisks."""
+    for form in forms:
+        if form in data:
+            data = data.replace(form, b"*" * len(form))
+    return data
+
+
 class Scrubber:
-    """Masks every occurrence of one secret in a byte stream, across chunk boundaries."""
+    """Masks every form of one secret in a byte stream, across chunk boundaries."""
 
-    __slots__ = ("secret", "mask", "tail")
+    __slots__ = ("forms", "tail")
 
-    def __init__(self, secret: bytes) -> None:
-        self.secret = secret
-        self.mask = b"*" * len(secret)
+    def __init__(self, forms: tuple[bytes, ...]) -> None:
+        self.forms = forms
         self.tail = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        data = (self.tail + chunk).replace(self.secret, self.mask)
-        keep = len(self.secret) - 1
-        # Hold back the longest suffix that could still begin the secret.
+        data = mask(self.tail + chunk, self.forms)
+        # Hold back the longest suffix that could still begin one of the forms.
         cut = len(data)
-        i = data.find(self.secret[:1], max(len(data) - keep, 0))
-        while i != -1:
-            if self.secret.startswith(data[i:]):
-                cut = i
-                break
-            i = data.find(self.secret[:1], i + 1)
+        for form in self.forms:
+            i = data.find(form[:1], max(len(data) - len(form) + 1, 0))
+            while i != -1 and i < cut:
+                if form.startswith(data[i:]):
+                    cut = i
+                    break
+                i = data.find(form[:1], i + 1)
         self.tail = data[cut:]
         return data[:cut]
 
@@ -124,22 +133,23 @@ NO_BODY_STATUSES = frozenset({204, 304})
 
 
 def _head(
-    call: Call, upstream: UpstreamResponse, drop: AbstractSet[str], secret: bytes | None
+    call: Call, upstream: UpstreamResponse, drop: AbstractSet[str], forms: tuple[bytes, ...]
 ) -> tuple[str | None, list[tuple[str, str]]]:
     """The reason phrase and headers passed back, with any reflection of the injected
     credential masked (in a value or the reason) or dropped (a header named after it)."""
-    text = secret.decode() if secret else None
+    texts = [f.decode("latin-1") for f in forms]
     reason = upstream.reason or None
-    if text and reason and text in reason:
-        reason = reason.replace(text, "*" * len(text))
+    if texts and reason:
+        reason = mask(reason.encode("latin-1", "replace"), forms).decode("latin-1")
     headers: list[tuple[str, str]] = []
     for name, value in upstream.headers.items():
         if name.lower() in drop:
             continue
-        if text and (text in value or text in name):
-            if text in name:
+        if texts:
+            if any(t in name for t in texts):
                 continue
-            value = value.replace(text, "*" * len(text))
+            if any(t in value for t in texts):
+                value = mask(value.encode("latin-1", "replace"), forms).decode("latin-1")
         headers.append((name, value))
     headers.append(("X-Request-Id", call.request_id))
     return reason, headers
@@ -149,7 +159,7 @@ async def _respond_small(
     call: Call,
     upstream: UpstreamResponse,
     drop: AbstractSet[str],
-    secret: bytes | None,
+    forms: tuple[bytes, ...],
     mac: BodyMac,
 ) -> web.StreamResponse:
     """A small body of declared length: read whole, masked, sent in one write."""
@@ -160,9 +170,9 @@ async def _respond_small(
         return refusal(call, err)
     finally:
         await upstream.close()  # also when a revocation cancels the call here
-    if secret and secret in body:
-        body = body.replace(secret, b"*" * len(secret))
-    reason, headers = _head(call, upstream, drop, secret)
+    if forms:
+        body = mask(body, forms)
+    reason, headers = _head(call, upstream, drop, forms)
     out = web.Response(status=upstream.status, reason=reason, body=body, headers=headers)
     call.status = upstream.status
     call.response_bytes = len(body)
@@ -183,7 +193,7 @@ class Respond:
         assert call.request is not None
         upstream = call.response
         limit = call.upstream.max_response_body
-        secret = call.injection.secret.reveal().encode() if call.injection is not None else None
+        forms = reflected_forms(call.injection.secret.reveal()) if call.injection else ()
         headers = upstream.headers
         drop = (
             RESPONSE_DROP | connection_named(headers) if "Connection" in headers else RESPONSE_DROP
@@ -193,6 +203,13 @@ class Respond:
         try:
             if size is not None and size > limit:
                 raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
+            if forms and headers.get("Content-Encoding", "identity").lower() != "identity":
+                # SECURITY: masking reads bytes as sent; a compressed answer could carry the
+                # credential where no mask sees it (the gateway asked for identity).
+                raise UpstreamError(
+                    "the upstream holds this agent's credential and answered with a content "
+                    "coding the gateway cannot scrub"
+                )
             rewriter = call.protocol.rewrite_response(call, upstream)
         except GatewayError as err:
             await upstream.close()
@@ -200,16 +217,16 @@ class Respond:
             return refusal(call, err)
         if rewriter is not None:
             chunks = rewriter(_limited(upstream.iter_chunks(), call, limit), limit)
-            return await self._stream(call, upstream, chunks, drop | {"content-length"}, secret)
+            return await self._stream(call, upstream, chunks, drop | {"content-length"}, forms)
         if (
             size is not None
             and size <= SMALL_BODY
             and call.method != "HEAD"
             and upstream.status not in NO_BODY_STATUSES
         ):
-            return await _respond_small(call, upstream, drop | {"content-length"}, secret, self.mac)
+            return await _respond_small(call, upstream, drop | {"content-length"}, forms, self.mac)
         chunks = _limited(upstream.iter_chunks(), call, limit)
-        return await self._stream(call, upstream, chunks, drop, secret)
+        return await self._stream(call, upstream, chunks, drop, forms)
 
     async def _stream(
         self,
@@ -217,14 +234,14 @@ class Respond:
         upstream: UpstreamResponse,
         chunks: AsyncIterator[bytes],
         drop: AbstractSet[str],
-        secret: bytes | None,
+        forms: tuple[bytes, ...],
     ) -> web.StreamResponse:
         request = call.request
         assert request is not None
-        reason, headers = _head(call, upstream, drop, secret)
+        reason, headers = _head(call, upstream, drop, forms)
         out = web.StreamResponse(status=upstream.status, reason=reason, headers=headers)
         call.status = upstream.status
-        scrub = Scrubber(secret) if secret else None
+        scrub = Scrubber(forms) if forms else None
         hasher = self.mac.stream()
         try:
             await out.prepare(request)

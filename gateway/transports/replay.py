@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDict
 
+from gateway.credentials import labelled_forms
 from gateway.errors import (
     ERROR_CLASSES,
     ConfigError,
@@ -51,7 +52,7 @@ from gateway.recording.format import RecordingError
 from gateway.recording.matching import Matcher, Probe, ReplayMissed, ReplayReport, make_probe
 from gateway.recording.model import Entry, ErrorInfo, Recording
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor
+from gateway.recording.redact import DEFAULT_REDACTOR, HeaderValue, Redactor, marker_name
 from gateway.transport import Body, Transport, UpstreamRequest, UpstreamResponse
 from gateway.transports.record import RecordTransport, secrets_of
 
@@ -130,10 +131,18 @@ class Unmarker:
 
 
 def _markers(request: UpstreamRequest | None) -> dict[bytes, bytes]:
+    """Each marker of the injected credential's forms -> that form of this gateway's value."""
     injection = request.injection if request is not None else None
     if injection is None:
         return {}
-    return {f"[secret:{injection.name}]".encode(): injection.secret.reveal().encode()}
+    markers = {
+        f"[secret:{marker_name(injection.name, label)}]".encode(): form
+        for label, form in labelled_forms(injection.secret.reveal())
+    }
+    markers[f"[secret:{marker_name(injection.name, 'header')}]".encode()] = (
+        injection.value.reveal().encode()
+    )
+    return markers
 
 
 class ReplayResponse:

@@ -63,7 +63,8 @@ def test_provenance_in_bodies_in_every_encoding() -> None:
     body = json.dumps({"echo": 'p"w/d+ =x1', "url": "https://x/?k=p%22w%2Fd%2B%20%3Dx1"}).encode()
     out = R.body(body, [weird]).data
     assert b'p\\"w/d+' not in out and b"p%22w" not in out
-    assert out.count(b"[secret:db:bearer]") == 2
+    # Each form has its own marker, so replay puts back (and masks) the very form sent.
+    assert b"[secret:db:bearer#json]" in out and b"[secret:db:bearer#pct]" in out
     assert R.body(b"raw: " + SECRET.encode(), [KEY]).data == b"raw: [secret:metrics:bearer]"
     assert R.target(f"/x?echo={SECRET}", [KEY]) == "/x?echo=[secret:metrics:bearer]"
 

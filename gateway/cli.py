@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,10 @@ from gateway import __version__
 from gateway.errors import ConfigError, GatewayError
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
+
+
+APPROVAL_ID = re.compile(r"[0-9a-f]{16}")
+"""The form of an approval id (``Approvals.hold`` makes 8 random bytes in hex)."""
 
 
 class CliError(Exception):
@@ -373,6 +378,7 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def cmd_approvals(args: argparse.Namespace) -> int:
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -380,6 +386,10 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
     if args.action != "list" and not args.id:
         raise CliError(f"approvals {args.action} needs the approval id")
+    if args.action != "list" and not APPROVAL_ID.fullmatch(args.id):
+        raise CliError(
+            f"approval id {args.id!r}: expected 16 hex digits, as `capgate approvals list` shows"
+        )
     if not args.admin.startswith(("http://", "https://")):
         raise CliError(f"--admin {args.admin!r}: expected an http(s) URL")
     token = read_admin_token(args.token_file).decode()
@@ -395,9 +405,13 @@ def cmd_approvals(args: argparse.Namespace) -> int:
             return EXIT_OK
     except urllib.error.HTTPError as err:
         with err:
-            body = json.loads(err.read() or b"{}")
-        raise CliError(f"admin API answered {err.code}: {body.get('detail', err.reason)}") from None
-    except (urllib.error.URLError, OSError) as exc:
+            raw = err.read()
+        try:
+            detail = json.loads(raw).get("detail", err.reason)
+        except (ValueError, AttributeError):
+            detail = err.reason
+        raise CliError(f"admin API answered {err.code}: {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise CliError(f"cannot reach the admin API at {args.admin}: {exc}") from None
 
 

@@ -648,3 +648,42 @@ async def test_no_call_is_sent_twice(
         assert resp.status == 502
         await asyncio.sleep(0.2)
     assert seen == [b"DELETE /items/1 HTTP/1.1", b"DELETE /items/2 HTTP/1.1"]
+
+
+async def test_range_requests_cannot_rebuild_a_reflected_credential(
+    client: Any, token: Any, mocks: Mocks
+) -> None:
+    """CG-2026-10: two Range requests for an answer reflecting the injected credential gave
+    the agent its two halves, each too short to be masked. Range is forwarded only where a
+    rule names it in ``headers:``."""
+    resp = await client.get(
+        "/echo/echo/reflect", headers={"Authorization": f"Bearer {token()}", "Range": "bytes=0-5"}
+    )
+    assert resp.status == 200
+    [seen] = mocks.requests("echo")
+    assert "Range" not in seen["headers"]
+
+
+def test_a_malformed_approval_id_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CG-2026-11: ``capgate approvals approve <id>`` with a malformed id printed a traceback
+    (http.client.InvalidURL). One readable line and exit 2, before any request is made."""
+    from gateway.cli import main
+
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("x" * 32)
+    token_file.chmod(0o600)
+    for bad in ("../../x", "abc def", "0123456789abcdeg", "ABCDEF0123456789", "a" * 17):
+        argv = ["approvals", "approve", bad, "--admin", "http://127.0.0.1:9", "--token-file"]
+        code = main([*argv, str(token_file)], {})
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and "Traceback" not in err
+        assert err.count("\n") == 1 and "expected 16 hex digits" in err, err
+    # A malformed admin URL is one line too (InvalidURL is raised inside urllib).
+    code = main(
+        ["approvals", "list", "--admin", "http://127.0.0.1:99999x", "--token-file", str(token_file)],
+        {},
+    )
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err

@@ -681,9 +681,7 @@ def test_a_malformed_approval_id_is_one_line_and_exit_2(
         assert code == 2 and out == "" and "Traceback" not in err
         assert err.count("\n") == 1 and "expected 16 hex digits" in err, err
     # A malformed admin URL is one line too (InvalidURL is raised inside urllib).
-    code = main(
-        ["approvals", "list", "--admin", "http://127.0.0.1:99999x", "--token-file", str(token_file)],
-        {},
-    )
+    argv = ["approvals", "list", "--admin", "http://127.0.0.1:99999x", "--token-file"]
+    code = main([*argv, str(token_file)], {})
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err

@@ -685,3 +685,21 @@ def test_a_malformed_approval_id_is_one_line_and_exit_2(
     code = main([*argv, str(token_file)], {})
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_misspelt_schema_keyword_is_a_policy_error_not_an_open_door() -> None:
+    """CG-2026-12: ``additionalProperty: false`` (a typo) was accepted silently, and the
+    validator ignored the unknown keyword, letting every extra field through."""
+    from gateway.policy_file import PolicyError
+    from gateway.testing import policy_from_text
+
+    text = (
+        "version: 1\nupstreams:\n  s: {url: 'http://127.0.0.1:9'}\nroles:\n  r:\n    rules:\n"
+        "      - id: p\n        upstream: s\n        allow: POST /x\n        body:\n"
+        "          schema: {type: object, additionalProperty: false}\n"
+    )
+    with pytest.raises(PolicyError) as info:
+        policy_from_text(text)
+    [issue] = info.value.issues
+    assert (issue.line, issue.col) == (11, 34)
+    assert "did you mean 'additionalProperties'" in issue.message

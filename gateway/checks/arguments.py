@@ -8,7 +8,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from gateway.checks.body import compile_schema, schema_errors
+from gateway.checks.json_schema import compile_schema, schema_errors
 from gateway.errors import InternalError, McpDenied, ToolDenied
 from gateway.payload import ArgumentsPayload, CheckContext, Payload, ToolCallPayload
 from gateway.policy_file import Node

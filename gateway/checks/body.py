@@ -1,9 +1,10 @@
 """JSON bodies: strict parsing and JSON Schema (Draft 2020-12) validation.
 
-A rule's ``body:`` gives a ``schema`` (compiled once, when the policy loads) and optionally
-``max_size``. A body that is not UTF-8 JSON, has a duplicated key (parsers disagree on which
-value wins), is nested absurdly deep, or fails the schema is refused with ``body_invalid``;
-``errors`` carries the failing JSON pointer and the schema keyword.
+A rule's ``body:`` gives a ``schema`` (compiled once, when the policy loads, and read
+strictly: ``checks/json_schema.py``) and optionally ``max_size``. A body that is not UTF-8
+JSON, has a duplicated key (parsers disagree on which value wins), is nested absurdly deep,
+or fails the schema is refused with ``body_invalid``; ``errors`` carries the failing JSON
+pointer and the schema keyword.
 """
 
 from __future__ import annotations
@@ -12,48 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
+from gateway.checks.json_schema import compile_schema, schema_errors
 from gateway.errors import BodyInvalid, InternalError, PayloadTooLarge
 from gateway.payload import BodyPayload, CheckContext, Payload
 from gateway.policy_file import Node
-
-
-def pointer(path: Any) -> str:
-    return (
-        "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else ""
-    )
-
-
-def schema_errors(
-    validator: Draft202012Validator, value: Any, limit: int = 5
-) -> list[dict[str, Any]]:
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    out: list[dict[str, Any]] = []
-    for err in errors[:limit]:
-        out.append(
-            {
-                "pointer": pointer(err.absolute_path),
-                "keyword": str(err.validator),
-                "message": err.message[:300],
-            }
-        )
-    return out
-
-
-def compile_schema(node: Node) -> Draft202012Validator | None:
-    schema = node.plain()
-    if not isinstance(schema, dict | bool):
-        node.fail(f"{node.where}: a JSON Schema must be a mapping")
-        return None
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = pointer(exc.absolute_path) or "/"
-        node.fail(f"{node.where}: invalid JSON Schema at {where}: {exc.message}")
-        return None
-    # jsonschema never fetches remote $refs by default: an unknown $ref fails closed.
-    return Draft202012Validator(schema)
 
 
 @dataclass(frozen=True, slots=True)

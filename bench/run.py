@@ -324,7 +324,7 @@ class Scenario:
     expect_body: bytes | None = UPSTREAM_BODY  # checked once before measuring; None: any 2xx
 
 
-def policy_50_rules(ctx: Context) -> str:
+def policy_50_rules(ctx: Context, agents: tuple[str, ...] = ("bench-bot",)) -> str:
     """49 decoy rules over four upstreams and five roles, plus the real ``read-cpu`` rule.
 
     The token of the default scenario has the roles ``sre-diagnostics`` and ``analyst``: eight
@@ -442,6 +442,8 @@ def policy_50_rules(ctx: Context) -> str:
         f"    url: {url}",
         "  inventory:",
         f"    url: {url}",
+        "agents:",
+        *(f"  {agent}: [{', '.join(rules)}]" for agent in agents),
         "roles:",
     ]
     for role, items in rules.items():
@@ -450,14 +452,8 @@ def policy_50_rules(ctx: Context) -> str:
 
 
 def policy_64_agents(ctx: Context) -> str:
-    """The 50-rule policy for the agents in ``BENCH_AGENTS``.
-
-    Today the policy does not name agents: any agent whose token is valid and carries the
-    role passes, so this is ``policy_50_rules`` plus a comment. If the policy comes to declare
-    its agents, generate that section here from ``BENCH_AGENTS``.
-    """
-    first, last, count = BENCH_AGENTS[0], BENCH_AGENTS[-1], len(BENCH_AGENTS)
-    return f"# Agents: {first} .. {last} ({count}; BENCH_AGENTS).\n" + policy_50_rules(ctx)
+    """The 50-rule policy declaring each of the agents in ``BENCH_AGENTS`` by name."""
+    return policy_50_rules(ctx, agents=BENCH_AGENTS)
 
 
 def policy_50_rules_rated(ctx: Context) -> str:
@@ -490,7 +486,7 @@ if SQL_QUERY_UNIQUE == SQL_QUERY or SQL_QUERY_UNIQUE.count(SEQ_MARK) != 1:
 
 def policy_50_rules_sql(ctx: Context) -> str:
     """The 50-rule policy plus an analyst rule with the SQL check of the example policy."""
-    text = policy_50_rules(ctx)
+    text = policy_50_rules(ctx).replace("  bench-bot: [", "  bench-bot: [sql-analyst, ", 1)
     text = text.replace(
         "  inventory:\n",
         "  db:\n"

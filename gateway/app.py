@@ -17,8 +17,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -53,10 +54,22 @@ log = logging.getLogger("capgate")
 HEALTH_PATH = "/_capgate/health"
 
 
+Stamp = tuple[tuple[int, int], ...]
+
+
+def file_stamps(paths: Sequence[str | Path]) -> Stamp:
+    """(mtime, size) of each file a policy was read from: a change to any means a reload."""
+    stamps = []
+    for path in paths:
+        st = Path(path).stat()
+        stamps.append((st.st_mtime_ns, st.st_size))
+    return tuple(stamps)
+
+
 class PolicyHolder:
     """The policy in force; ``match_policy`` reads it once per call, a reload swaps it."""
 
-    def __init__(self, policy: Policy, stamp: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, policy: Policy, stamp: Stamp = ()) -> None:
         self.policy = policy
         self.stamp = stamp
 
@@ -110,11 +123,10 @@ class Gateway:
         """Load the policy file again; swap it in only if it is valid. True when swapped."""
         path = self.settings.policy
         try:
-            st = path.stat()
+            stamp = file_stamps((path, *self.policy.files[1:]))
         except OSError as exc:
             log.error("policy file %s cannot be read: %s; keeping the policy in force", path, exc)
             return False
-        stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self.policies.stamp:
             return False
         self.policies.stamp = stamp
@@ -173,7 +185,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         state = open_store(settings.state)
     except ValueError as exc:
         raise ConfigError(f"state has value {settings.state!r}; {exc}") from exc
-    st = settings.policy.stat()
+    stamp = file_stamps((settings.policy, *policy.files[1:]))
     transport, denials = build_transport(
         settings.mode,
         settings.recordings,
@@ -195,7 +207,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(DenialRecorder(denials))
     return Gateway(
         settings=settings,
-        policies=PolicyHolder(policy, (st.st_mtime_ns, st.st_size)),
+        policies=PolicyHolder(policy, stamp),
         verifier=verifier,
         state=state,
         credentials=credentials,

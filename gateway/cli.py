@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     pe = psub.add_parser("explain", help="print the decision for a call, as JSON")
     pe.add_argument("--policy", required=True, type=Path)
     pe.add_argument("--role", action="append", required=True, dest="roles")
-    pe.add_argument("--agent", default="explain-agent")
+    pe.add_argument("--agent", help="check that this agent is declared and may hold the roles")
     pe.add_argument("--cap", action="append", dest="caps")
     pe.add_argument("--run")
     pe.add_argument("--header", "-H", action="append", default=[], help="'Name: value'")

@@ -46,6 +46,8 @@ class Reason(StrEnum):
     TOKEN_REVOKED = "token_revoked"  # noqa: S105 (a reason code)
     TARGET_AMBIGUOUS = "target_ambiguous"
     NO_RULE = "no_rule"
+    AGENT_UNKNOWN = "agent_unknown"
+    ROLE_NOT_GRANTED = "role_not_granted"
     QUERY_INVALID = "query_invalid"
     BODY_INVALID = "body_invalid"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -162,6 +164,21 @@ class NoRule(PolicyDenied):
     """Raised when no rule of the token's roles (narrowed by ``caps``) matches the call."""
 
     reason = Reason.NO_RULE
+
+
+class AgentUnknown(PolicyDenied):
+    """Raised when the token names an agent the policy does not declare (a valid signature
+    is not enough to call)."""
+
+    reason = Reason.AGENT_UNKNOWN
+    title = "Agent not declared"
+
+
+class RoleNotGranted(PolicyDenied):
+    """Raised when the token carries a role the policy does not let its agent hold."""
+
+    reason = Reason.ROLE_NOT_GRANTED
+    title = "Role not granted to this agent"
 
 
 class SqlDenied(PolicyDenied):
@@ -363,6 +380,8 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.TOKEN_REVOKED: TokenRevoked,
     Reason.TARGET_AMBIGUOUS: TargetAmbiguous,
     Reason.NO_RULE: NoRule,
+    Reason.AGENT_UNKNOWN: AgentUnknown,
+    Reason.ROLE_NOT_GRANTED: RoleNotGranted,
     Reason.QUERY_INVALID: QueryInvalid,
     Reason.BODY_INVALID: BodyInvalid,
     Reason.UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaType,

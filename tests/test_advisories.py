@@ -355,6 +355,7 @@ async def test_audit_body_digest_is_keyed_not_a_plain_hash(
 
 BATCH_POLICY = """
 version: 1
+agents: {"*": [order-support]}
 upstreams:
   tools: {url: "URL", kind: mcp, mcp: {batches: true}}
 roles:
@@ -609,7 +610,7 @@ async def test_a_body_no_rule_takes_is_refused(client: Any, token: Any, mocks: M
 def _gateway_for(upstream_url: str, tmp_path: Path, workspace: Workspace, rules: str) -> Any:
     policy = tmp_path / "policy.yaml"
     policy.write_text(
-        f'version: 1\nupstreams:\n  up: {{url: "{upstream_url}"}}\n'
+        f'version: 1\nupstreams:\n  up: {{url: "{upstream_url}"}}\nagents: {{"*": [r]}}\n'
         f"roles:\n  r:\n    rules:\n{rules}"
     )
     settings = load_settings({"policy": str(policy), "jwks": str(workspace.jwks), "audit": "-"}, {})
@@ -697,9 +698,40 @@ def test_a_misspelt_schema_keyword_is_a_policy_error_not_an_open_door() -> None:
         "version: 1\nupstreams:\n  s: {url: 'http://127.0.0.1:9'}\nroles:\n  r:\n    rules:\n"
         "      - id: p\n        upstream: s\n        allow: POST /x\n        body:\n"
         "          schema: {type: object, additionalProperty: false}\n"
+        'agents: {"*": [r]}\n'
     )
     with pytest.raises(PolicyError) as info:
         policy_from_text(text)
     [issue] = info.value.issues
     assert (issue.line, issue.col) == (11, 34)
     assert "did you mean 'additionalProperties'" in issue.message
+
+
+async def test_a_validly_signed_token_for_an_undeclared_agent_is_refused(
+    example: Any, workspace: Workspace, mocks: Mocks
+) -> None:
+    """CG-2026-13: any ``sub`` with a valid signature passed: a token for an agent nobody
+    declared got 200 through a shared credential (and a 500 through a per-agent one). Agents
+    are declared with the roles each may hold; others are 403 before any check or upstream."""
+    cases = [
+        ("intruder", ["sre-diagnostics"], "GET", "/metrics/metrics/cpu?window=5m", "agent_unknown"),
+        ("intruder", ["analyst"], "POST", "/db/query", "agent_unknown"),
+        ("analyst-bot", ["sre-diagnostics"], "GET", "/metrics/metrics/cpu?window=5m",
+         "role_not_granted"),
+    ]  # fmt: skip
+    for agent, roles, method, target, reason in cases:
+        resp = await example.request(
+            method,
+            target,
+            json={"sql": "SELECT id FROM orders LIMIT 1"} if method == "POST" else None,
+            headers={"Authorization": f"Bearer {workspace.token(agent, roles)}"},
+        )
+        assert resp.status == 403, (agent, await resp.text())
+        assert (await resp.json(content_type=PROBLEM))["reason"] == reason
+    assert mocks.requests("metrics") == [] and mocks.requests("db") == []
+    # The declared agent with its own role still passes.
+    resp = await example.get(
+        "/metrics/metrics/cpu?window=5m",
+        headers={"Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'])}"},
+    )
+    assert resp.status == 200

@@ -475,3 +475,13 @@ def test_serve_with_bad_settings_exits_2(capsys: pytest.CaptureFixture[str]) -> 
         contains="--port has value 'abc'; expected an integer 0-65535",
     )
     usage_error(capsys, "serve", "--jwks", "j.json", contains="setting 'policy' is required")
+
+
+def test_explain_with_an_agent_checks_its_declaration(capsys: pytest.CaptureFixture[str]) -> None:
+    target = "http://127.0.0.1:8787/metrics/metrics/cpu?window=5m"
+    code, d = explain(capsys, "--agent", "sre-bot", "--role", "sre-diagnostics", "GET", target)
+    assert code == 0 and d["decision"] == "allow"
+    code, d = explain(capsys, "--agent", "intruder", "--role", "sre-diagnostics", "GET", target)
+    assert code == 1 and d["reason"] == "agent_unknown" and d["status"] == 403
+    code, d = explain(capsys, "--agent", "analyst-bot", "--role", "sre-diagnostics", "GET", target)
+    assert code == 1 and d["reason"] == "role_not_granted"

@@ -27,6 +27,7 @@ def policy_with(credentials: str) -> Policy:
 upstreams:
   db: {{url: "http://127.0.0.1:9104", credentials: {credentials}}}
 roles: {{}}
+agents: {{}}
 """
     )
 

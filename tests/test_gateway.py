@@ -148,10 +148,11 @@ async def test_no_rule(client, token, mocks: Mocks, settings, gateway) -> None:
 
 
 async def test_role_not_granted(client, token, mocks: Mocks) -> None:
+    """A role the policy does not let the agent hold (here: no such role at all)."""
     resp = await client.get(
         "/metrics/metrics/cpu?window=5m", headers=bearer(token("tester", ["nobody"]))
     )
-    await problem(resp, 403, "no_rule")
+    await problem(resp, 403, "role_not_granted")
     assert mocks.requests("metrics") == []
 
 

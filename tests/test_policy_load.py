@@ -230,6 +230,7 @@ roles:
       - id: read-cpu
         upstream: metrics
         allow: GET /metrics/cpu
+agents: {"*": [sre]}
 """
     with pytest.raises(PolicyError) as info:
         load_policy("p.yaml", text)
@@ -252,6 +253,7 @@ roles:
   r:
     rules:
       - {id: a, upstream: m, allow: GET /x, query: {n: {enum: [1, 2, "three"]}}}
+agents: {"*": [r]}
 """
     rule = load_policy("p.yaml", text).rules_by_id["a"]
     assert rule.query["n"].enum == frozenset({"1", "2", "three"})
@@ -264,6 +266,7 @@ roles:
   r:
     rules:
       - {id: a, upstream: m, allow: GET /x, query: {n: {enum: [true]}}}
+agents: {"*": [r]}
 """
     with pytest.raises(PolicyError, match="expected a string, got true or false"):
         load_policy("p.yaml", text)
@@ -276,6 +279,7 @@ roles:
   r:
     rules:
       - {id: a, upstream: m, allow: POST /mcp, tool: search}
+agents: {"*": [r]}
 """
     with pytest.raises(PolicyError) as info:
         load_policy("p.yaml", text)

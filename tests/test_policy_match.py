@@ -20,6 +20,7 @@ from tests.helpers_core import policy_from_text
 
 POLICY = """
 version: 1
+agents: {"*": [sre, api-reader, writer, mcp-user]}
 upstreams:
   metrics: {url: "http://127.0.0.1:9101"}
   logs: {url: "http://127.0.0.1:9102"}

@@ -25,6 +25,7 @@ from tests.helpers_core import FUZZ, policy_from_text
 
 POLICY_TEXT = """
 version: 1
+agents: {"*": [reader, writer]}
 upstreams:
   api: {url: "http://127.0.0.1:9200"}
   other: {url: "http://127.0.0.1:9201"}

@@ -2,7 +2,8 @@
 
 It runs the gateway's own stages (``Receive``, ``MatchPolicy``, ``Validate``, with the
 protocols the gateway uses) on a call built from the command line, with claims made from
-``--role``/``--agent``/``--cap`` instead of a verified token. Nothing is sent upstream and no
+``--role``/``--agent``/``--cap`` instead of a verified token (with ``--agent``, the agent must
+be declared and may hold the roles, as in the gateway). Nothing is sent upstream and no
 state store is touched.
 """
 
@@ -18,6 +19,7 @@ from gateway.call import Call
 from gateway.errors import GatewayError, InternalError
 from gateway.policy.model import Policy
 from gateway.protocols import PROTOCOLS
+from gateway.stages.authenticate import admit_agent
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.receive import Receive
 from gateway.stages.route import Route
@@ -47,7 +49,7 @@ async def explain(
     policy: Policy,
     *,
     roles: list[str],
-    agent: str,
+    agent: str | None,
     method: str,
     url: str,
     caps: list[str] | None = None,
@@ -55,7 +57,9 @@ async def explain(
     headers: list[tuple[str, str]] | None = None,
     body: bytes | None = None,
 ) -> dict[str, Any]:
-    claims = Claims.assumed(agent, roles, caps=caps, run=run, jti="explain", issuer="explain")
+    claims = Claims.assumed(
+        agent or "explain-agent", roles, caps=caps, run=run, jti="explain", issuer="explain"
+    )
     hdrs: CIMultiDict[str] = CIMultiDict(headers or [])
     if body is not None and "Content-Type" not in hdrs:
         hdrs["Content-Type"] = "application/json"
@@ -67,7 +71,9 @@ async def explain(
         body=body if body is not None else b"",
     )
     call.claims = claims
-    stages = (Receive(), Route(_Fixed(policy), PROTOCOLS), MatchPolicy(), Validate())
+    # With --agent, the policy's word on that agent too (declared, may hold these roles).
+    admit = (admit_agent,) if agent is not None else ()
+    stages = (Receive(), Route(_Fixed(policy), PROTOCOLS), *admit, MatchPolicy(), Validate())
     try:
         for stage in stages:
             pending = stage(call)

@@ -175,7 +175,7 @@ async def policy_test(policy: Policy, directory: str | Path) -> RegressionReport
         after = await explain(
             policy,
             roles=list(e.roles),
-            agent=e.agent or "recorded-agent",
+            agent=e.agent,  # as the gateway would now: declared, holding these roles
             method=e.method,
             url=url,
             caps=list(e.caps) if e.caps is not None else None,

@@ -16,6 +16,7 @@ from yarl import URL
 
 from gateway.checks import PAYLOAD_CHECKS, CheckContext, PayloadCheck
 from gateway.policy import spec
+from gateway.policy.agents import AgentDirectory, AgentsRead, read_agents
 from gateway.policy.model import (
     MCP_METHODS,
     MCP_SUBJECTS,
@@ -94,10 +95,27 @@ def load_policy(path: str | Path, text: str | None = None) -> Policy:
             role = _role(key, node, upstreams, rule_ids, declared)
             if role is not None:
                 roles[role.name] = role
+    agents = AgentsRead(AgentDirectory())
+    if "agents" in doc:
+        written_roles = doc["roles"].value if "roles" in doc else None
+        role_names = (
+            frozenset(k for k in written_roles if isinstance(k, str))
+            if isinstance(written_roles, dict)
+            else frozenset()
+        )
+        agents = read_agents(doc["agents"], str(path), role_names)
     if root.issues:
         raise PolicyError(root.issues)
-    digest = hashlib.sha256(raw_text.encode()).hexdigest()[:16]
-    return Policy(version=1, source=str(path), upstreams=upstreams, roles=roles, digest=digest)
+    digest = hashlib.sha256(f"{raw_text}\0{agents.content}".encode()).hexdigest()[:16]
+    return Policy(
+        version=1,
+        source=str(path),
+        upstreams=upstreams,
+        roles=roles,
+        digest=digest,
+        agents=agents.directory,
+        files=(str(path),) + ((agents.file,) if agents.file else ()),
+    )
 
 
 def _upstream(key: Node, node: Node) -> Upstream | None:

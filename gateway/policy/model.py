@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from yarl import URL
 
 from gateway.errors import GatewayError, McpDenied, NoRule, QueryInvalid, ToolDenied
+from gateway.policy.agents import AgentDirectory
 from gateway.target import Target
 
 if TYPE_CHECKING:
@@ -311,6 +312,8 @@ class Policy:
     upstreams: dict[str, Upstream]
     roles: dict[str, Role]
     digest: str = ""
+    agents: AgentDirectory = field(default_factory=AgentDirectory)
+    files: tuple[str, ...] = ()  # the files it was read from (the policy, its agents file)
     # (role, upstream, method) -> rules in file order
     _index: dict[tuple[str, str, str], tuple[Rule, ...]] = field(default_factory=dict)
     rules_by_id: dict[str, Rule] = field(default_factory=dict)

@@ -260,6 +260,13 @@ DOCUMENT = Section(
         Key("version", "the format's version", {"const": 1}, required=True),
         Key("upstreams", "by name", {"type": "object"}, required=True),
         Key("roles", "by name", {"type": "object"}, required=True),
+        Key(
+            "agents",
+            "the agents that may call, by name or pattern ('ci-*'), each with the roles it "
+            "may hold; or the name of a file (relative to this one) holding that mapping",
+            {"type": ["object", "string"]},
+            required=True,
+        ),
         Key("description", "for people", TEXT),
     ),
 )
@@ -285,6 +292,21 @@ def policy_schema() -> JSON:
     doc["properties"]["roles"] = {
         **doc["properties"]["roles"],
         "additionalProperties": role,
+    }
+    roles = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    doc["properties"]["agents"] = {
+        **doc["properties"]["agents"],
+        "additionalProperties": {
+            "anyOf": [
+                roles,
+                {
+                    "type": "object",
+                    "properties": {"roles": roles, "description": TEXT},
+                    "required": ["roles"],
+                    "additionalProperties": False,
+                },
+            ]
+        },
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

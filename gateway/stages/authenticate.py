@@ -1,9 +1,10 @@
-"""authenticate: the Bearer capability token to verified ``Claims``, and revocation."""
+"""authenticate: the Bearer capability token to verified ``Claims``, revocation, and the
+policy's word on the agent (declared, holding only roles it may hold)."""
 
 from __future__ import annotations
 
 from gateway.call import Call
-from gateway.errors import StateUnavailable, TokenInvalid, TokenMissing, TokenRevoked
+from gateway.errors import InternalError, StateUnavailable, TokenInvalid, TokenMissing, TokenRevoked
 from gateway.state.base import StateStore
 from gateway.tokens import TokenVerifier
 
@@ -49,3 +50,13 @@ class Authenticate:
             raise TokenInvalid("the Bearer token is empty or contains spaces")
         call.claims = self.verifier.verify(token)
         self.revocation(call)
+        admit_agent(call)
+
+
+def admit_agent(call: Call) -> None:
+    """A valid signature is not enough: the policy in force must declare the agent and let it
+    hold the token's roles (``route`` set the policy; without one, deny)."""
+    assert call.claims is not None
+    if call.policy is None:
+        raise InternalError("no policy in force for this call")
+    call.policy.agents.admit(call.claims.agent, call.claims.roles)

@@ -19,6 +19,7 @@ from gateway.testing import make_call, matching, policy_from_text, run_stages
 
 HEAD = """\
 version: 1
+agents: {"*": [r]}
 upstreams:
   svc: {url: "http://127.0.0.1:9"}
 roles:
@@ -54,7 +55,7 @@ def test_a_misspelt_keyword_is_a_policy_error_at_its_line_and_column() -> None:
         "            properties: {name: {type: string}}\n"
         "            additionalProperty: false\n"
     )
-    assert error.startswith("policy.yaml:14:13: ")
+    assert error.startswith("policy.yaml:15:13: ")
     assert "unknown JSON Schema keyword 'additionalProperty'" in error
     assert "did you mean 'additionalProperties'?" in error
 
@@ -62,12 +63,12 @@ def test_a_misspelt_keyword_is_a_policy_error_at_its_line_and_column() -> None:
 @pytest.mark.parametrize(
     ("schema", "line", "col"),
     [
-        ("            properties:\n              a: {type: string, maxLenght: 3}\n", 13, 33),
-        ("            items: {minimum: 0, exclusiveMax: 3}\n", 12, 33),
-        ("            allOf:\n              - {requried: [a]}\n", 13, 18),
-        ("            $defs:\n              x: {typ: string}\n", 13, 19),
-        ("            if: {const: 1}\n            then: {enumm: [1]}\n", 13, 20),
-        ("            patternProperties:\n              '^a': {formt: email}\n", 13, 22),
+        ("            properties:\n              a: {type: string, maxLenght: 3}\n", 14, 33),
+        ("            items: {minimum: 0, exclusiveMax: 3}\n", 13, 33),
+        ("            allOf:\n              - {requried: [a]}\n", 14, 18),
+        ("            $defs:\n              x: {typ: string}\n", 14, 19),
+        ("            if: {const: 1}\n            then: {enumm: [1]}\n", 14, 20),
+        ("            patternProperties:\n              '^a': {formt: email}\n", 14, 22),
     ],
 )
 def test_unknown_keywords_are_found_in_every_subschema(schema: str, line: int, col: int) -> None:
@@ -165,4 +166,4 @@ def test_any_keyword_outside_draft_2020_12_is_refused(keyword: str) -> None:
         return  # known: the meta-schema judges its value
     with pytest.raises(PolicyError) as info:
         policy_with(text)
-    assert info.value.issues[0].line == 12
+    assert info.value.issues[0].line == 13

@@ -49,6 +49,8 @@ SCHEMA = {
 
 POLICY_TEMPLATE = """\
 version: 1
+agents:
+  "*": [analyst]
 upstreams:
   db:
     url: "http://127.0.0.1:9104"

@@ -16,6 +16,8 @@ from gateway.policy_file import PolicyError
 
 POLICY = """\
 version: 1
+agents:
+  "*": [analyst]
 upstreams:
   db:
     url: "http://127.0.0.1:9104"

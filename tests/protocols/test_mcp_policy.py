@@ -19,6 +19,7 @@ from gateway.testing import make_call, matching, policy_from_text, run_stages
 
 POLICY = """
 version: 1
+agents: {"*": [reader, other]}
 upstreams:
   tools: {url: "http://127.0.0.1:9", kind: mcp}
   kind-tools: {url: "http://127.0.0.1:9", kind: mcp, mcp: {tool_refusals: result}}
@@ -261,6 +262,8 @@ def test_listings_are_filtered_to_what_the_token_may_use(policy: Policy) -> None
 def test_policy_errors_for_mcp_rules(rule: str, message: str) -> None:
     text = f"""
 version: 1
+agents:
+  "*": [r]
 upstreams:
   tools: {{url: "http://127.0.0.1:9", kind: mcp}}
   api: {{url: "http://127.0.0.1:9", mcp: {{batches: true}}}}

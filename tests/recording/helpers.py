@@ -18,6 +18,7 @@ from gateway.transport import UpstreamRequest
 
 MINI_POLICY = """
 version: 1
+agents: {"*": [reader]}
 upstreams:
   api: {url: "http://127.0.0.1:9/base"}
   db: {url: "http://127.0.0.1:9"}

@@ -140,6 +140,7 @@ def test_the_real_sql_check_of_a_policy_is_understood() -> None:
         "p.yaml",
         """
 version: 1
+agents: {"*": [analyst]}
 upstreams:
   db: {url: "http://127.0.0.1:9"}
 roles:

@@ -9,6 +9,7 @@ from gateway.testing import policy_from_text
 
 POLICY = """
 version: 1
+agents: {"*": [ops, analyst, support]}
 upstreams:
   svc: {url: "http://127.0.0.1:9", credentials: {type: bearer, secret: "env:SVC_TOKEN"}}
   db: {url: "http://127.0.0.1:9"}

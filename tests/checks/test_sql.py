@@ -97,6 +97,8 @@ def analyst(dialect: str) -> SqlPolicy:
 
 def make(dialect: str = "postgres", **kwargs: Any) -> SqlPolicy:
     kwargs.setdefault("tables", ["orders", "customers"])
+    if dialect == "sqlite":  # SQLite's compiler checks against the rule's schema: required
+        kwargs.setdefault("schema", SCHEMA)
     return SqlPolicy.create(dialect, rule_id="r", **kwargs)
 
 
@@ -267,12 +269,21 @@ def test_pitfall_functions_are_an_allow_list() -> None:
     assert not {"pg_sleep", "dblink", "load_extension", "sleep", "benchmark"} & DEFAULT_FUNCTIONS
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", ["postgres", "mysql"])
 @pytest.mark.parametrize("marker", ["/*!", "/*M!", "/*m!", "/*!50000"])
-def test_pitfall_executable_comments_are_denied_in_every_dialect(dialect: str, marker: str) -> None:
+def test_pitfall_executable_comments_are_denied_where_sqlglot_reads(
+    dialect: str, marker: str
+) -> None:
     err = denial(make(dialect), f"SELECT id FROM orders {marker} ; DROP TABLE orders */")
     assert errors(err)[0]["kind"] == "comment"
     assert errors(err)[0]["line"] == 1 and errors(err)[0]["col"] == 23
+
+
+@pytest.mark.parametrize("marker", ["/*!", "/*M!"])
+def test_executable_comments_are_comments_to_sqlite(marker: str) -> None:
+    # SQLite's own compiler reads the text: a comment is a comment, whatever it holds.
+    text = f"SELECT id FROM orders {marker} ; DROP TABLE orders */ LIMIT 1"
+    assert make("sqlite").check(text).sql == text
 
 
 def test_pitfall_original_text_is_forwarded() -> None:
@@ -282,7 +293,7 @@ def test_pitfall_original_text_is_forwarded() -> None:
 
 def test_pitfall_regeneration_examples_are_denied_not_rewritten() -> None:
     # The three examples where sqlglot's output would differ from what the agent sent.
-    assert kind_of(make("sqlite"), "PRAGMA table_info(users)") == "command"
+    assert kind_of(make("sqlite"), "PRAGMA table_info(orders)") == "command"
     assert kind_of(make(), 'SELECT "LOWER"(name) FROM customers') == "function"
     assert kind_of(make("mysql"), "SELECT id INTO @v FROM orders") == "into"
 
@@ -737,7 +748,9 @@ def test_policy_file_schema_file(tmp_path: Path) -> None:
 
 
 def test_policy_file_mcp_tool_rule() -> None:
-    text = POLICY_TEMPLATE.format(sql=indent("{dialect: sqlite, argument: sql, tables: [orders]}"))
+    text = POLICY_TEMPLATE.format(
+        sql=indent("{dialect: sqlite, argument: sql, tables: [orders], schema: {orders: [id]}}")
+    )
     text = text.replace("upstream: db", "upstream: tools\n        tool: run_sql")
     policy = load_policy("policy.yaml", text=text)
     (check,) = policy.rules_by_id["query-orders"].checks

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from sqlglot import exp
 
-from gateway.checks.sql import parsing
+from gateway.checks.sql import parsing, sqlite
 from gateway.checks.sql.cache import Lru
 from gateway.checks.sql.driver import check_statement
 from gateway.checks.sql.lexing import raw_text_problems
@@ -27,6 +27,7 @@ from gateway.checks.sql.limits import (
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
+from gateway.checks.sql.reading import Reading
 from gateway.checks.sql.settings import SqlRules, SqlSettings
 from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
@@ -57,6 +58,7 @@ class SqlPolicy(SqlRules):
     _verdicts: Lru[str, SqlVerdict | Refusal] = field(
         default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
+    _scratch: sqlite.SqliteScratch | None = field(default=None, repr=False)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -101,7 +103,8 @@ class SqlPolicy(SqlRules):
         """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
         rules = settings.resolve()
         values = {f.name: getattr(rules, f.name) for f in fields(SqlRules)}
-        return cls(**values, rule_id=rule_id)
+        scratch = sqlite.SqliteScratch(dict(rules.schema)) if rules.dialect == "sqlite" else None
+        return cls(**values, rule_id=rule_id, _scratch=scratch)
 
     # -- the check -------------------------------------------------------------------------------
 
@@ -141,7 +144,38 @@ class SqlPolicy(SqlRules):
             raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
-        raw_text_problems(text)
+        raw_text_problems(text, self.dialect)
+        reading = self._read(text)
+        if reading.missing_limit:
+            if not rewrite or reading.statements != 1 or reading.end < 0:
+                detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
+                if rewrite and reading.statements == 1:
+                    detail += " (the text does not end in code, so none can be appended)"
+                raise Refusal.of(Denial.LIMIT, detail, "no limit")
+            # Append to the checked text (never regenerate it), then check the new text whole.
+            new_text = f"{text[: reading.end]} LIMIT {self.max_limit}"
+            checked = self._evaluate(new_text, rewrite=False)
+            return SqlVerdict(
+                sql=new_text,
+                kinds=checked.kinds,
+                tables=checked.tables,
+                columns=checked.columns,
+                rewritten=True,
+            )
+        return SqlVerdict(
+            sql=text,
+            kinds=tuple(sorted(reading.kinds)),
+            tables=tuple(sorted(reading.tables)),
+            columns=tuple(sorted(reading.columns)),
+        )
+
+    def _read(self, text: str) -> Reading:
+        """The authority's reading of ``text`` for this policy's dialect."""
+        if self._scratch is not None:
+            return sqlite.read(self, self._scratch, text)
+        return self._read_sqlglot(text)
+
+    def _read_sqlglot(self, text: str) -> Reading:
         parsed = parsing.parse(self.dialect, text)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
@@ -156,34 +190,12 @@ class SqlPolicy(SqlRules):
                 f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
                 str(len(statements)),
             )
-        kinds: set[str] = set()
-        tables: set[str] = set()
-        columns: set[str] = set()
-        missing_limit = False
+        reading = Reading(statements=len(statements), end=parsed.last_end + 1)
         for root in statements:
             statement = Statement(self, parsed, text, root)
             if check_statement(statement):
-                missing_limit = True
-            kinds |= statement.kinds
-            tables |= statement.tables
-            columns |= statement.columns
-        if missing_limit:
-            if not rewrite or len(statements) != 1:
-                detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
-                raise Refusal.of(Denial.LIMIT, detail, "no limit")
-            # Append to the checked text (never regenerate it), then check the new text whole.
-            new_text = f"{text[: parsed.last_end + 1]} LIMIT {self.max_limit}"
-            checked = self._evaluate(new_text, rewrite=False)
-            return SqlVerdict(
-                sql=new_text,
-                kinds=checked.kinds,
-                tables=checked.tables,
-                columns=checked.columns,
-                rewritten=True,
-            )
-        return SqlVerdict(
-            sql=text,
-            kinds=tuple(sorted(kinds)),
-            tables=tuple(sorted(tables)),
-            columns=tuple(sorted(columns)),
-        )
+                reading.missing_limit = True
+            reading.kinds |= statement.kinds
+            reading.tables |= statement.tables
+            reading.columns |= statement.columns
+        return reading

@@ -126,6 +126,7 @@ class SqlSettings:
         denied = self._deny_columns(dialect, default, allowed, columns, found)
         self._limits(found)
         functions = self._functions(found)
+        self._authority(dialect, allowed, columns, found)
         if found or self.unread:
             raise SqlSettingsError(found, self.unread)
         assert dialect is not None  # else a problem, or 'dialect' unread
@@ -276,6 +277,32 @@ class SqlSettings:
             found.add("add_limit", "add_limit needs max_limit")
         if "max_length" not in self.unread:
             found.in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
+
+    def _authority(
+        self,
+        dialect: str | None,
+        allowed: set[TableName],
+        columns: Mapping[TableName, frozenset[str]],
+        found: _Problems,
+    ) -> None:
+        """What the dialect's authority needs: SQLite compiles each statement against a
+        schema-only database, so it needs the columns of every table, and one statement."""
+        if dialect != "sqlite":
+            return
+        if self.schema is None and "schema" not in self.unread:
+            found.add(
+                "schema",
+                "a SQLite rule needs 'schema' (or 'schema_file'): the columns of every table in "
+                "'tables', which SQLite's own compiler checks each statement against",
+            )
+        elif "schema" not in self.unread:
+            for table in sorted(allowed - set(columns), key=str):
+                found.add("schema", f"the table {str(table)!r} of 'tables' has no columns here")
+            for table in sorted(set(columns), key=str):
+                if table.db not in ("", "main") or table.catalog:
+                    found.add("schema", f"{str(table)!r}: SQLite tables are named without a schema")
+        if self.max_statements != 1 and "max_statements" not in self.unread:
+            found.add("max_statements", "a SQLite rule allows one statement per call")
 
     def _functions(self, found: _Problems) -> set[str]:
         functions: set[str] = set()

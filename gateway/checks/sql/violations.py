@@ -94,11 +94,16 @@ class Refusal(Exception):
         )
 
 
+def ranked(violations: list[Violation]) -> Refusal:
+    """A refusal listing every violation, the most important first, then in source order."""
+    violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
+    return Refusal(violations)
+
+
 def refuse_if_any(violations: list[Violation]) -> None:
     """Refuse with every violation found, the most important first, then in source order."""
     if violations:
-        violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
-        raise Refusal(violations)
+        raise ranked(violations)
 
 
 # --- where in the text ----------------------------------------------------------------------------

@@ -69,3 +69,73 @@ def test_sqlite_check_never_logs_the_sql(caplog: pytest.LogCaptureFixture) -> No
         with pytest.raises(SqlDenied):
             policy.check(text)
     assert "x-secret-1" not in caplog.text
+
+
+POSTGRES = {
+    "dialect": "postgres",
+    "server_version": 15,
+    "tables": ["orders", "customers"],
+    "schema": {
+        "customers": ["id", "name", "email", "ssn", "country"],
+        "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
+    },
+    "deny_columns": ["customers.ssn"],
+    "max_limit": 1000,
+}
+
+
+def pg(**kwargs: Any) -> SqlPolicy:
+    settings = dict(POSTGRES, **kwargs)
+    dialect = settings.pop("dialect")
+    return SqlPolicy.create(dialect, rule_id="r", **settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # sqlglot read $² as a parameter; PostgreSQL reads $²$...$²$ as a string.
+        ("SELECT $²$ FROM orders LIMIT 5 -- $²$, ssn, name FROM customers LIMIT 5", "column"),
+        ("SELECT $²$ FROM orders LIMIT 5 -- $²$ FROM secrets LIMIT 5", "table"),
+        ("SELECT $²$ FROM orders -- $²$, pg_read_file('/etc/passwd') LIMIT 5", "function"),
+        ("SELECT $²$ x $²$; UPDATE orders SET status = 'x'", "multiple"),
+    ],
+)
+def test_postgres_dollar_quotes_with_unicode_tags(text: str, kind: str) -> None:
+    assert first_error(pg(), text)["kind"] == kind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT j FROM (orders o JOIN customers c ON c.id = o.customer_id) AS j LIMIT 5",
+        "SELECT j.ssn FROM (orders o JOIN customers c ON c.id = o.customer_id) AS j LIMIT 5",
+        "SELECT j.* FROM (orders o JOIN customers c ON c.id = o.customer_id) AS j LIMIT 5",
+    ],
+)
+def test_postgres_aliased_join_is_checked(text: str) -> None:
+    assert first_error(pg(), text)["kind"] == "column"
+
+
+def test_postgres_standard_conforming_strings_is_stated() -> None:
+    text = "SELECT id FROM orders WHERE status = 'a\\' LIMIT 1"
+    assert first_error(pg(), text)["kind"] == "parse"  # not stated: refused
+    assert pg(standard_conforming_strings=True).check(text).sql == text
+    assert first_error(pg(standard_conforming_strings=False), text)["kind"] == "parse"
+    # No backslash: nothing depends on the setting.
+    assert pg().check("SELECT id FROM orders WHERE status = 'a' LIMIT 1")
+
+
+def test_postgres_parser_major_must_match_the_server() -> None:
+    with pytest.raises(ValueError, match="server_version"):
+        pg(server_version=18)
+    with pytest.raises(ValueError, match="server_version"):
+        pg(server_version=None)
+
+
+def test_postgres_parse_errors_have_positions_and_are_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    err = first_error(pg(), "SELECT 'x-secret-2' FROM\nWHERE")
+    assert err["kind"] == "parse" and err["line"] == 2
+    assert "x-secret-2" not in caplog.text

@@ -45,6 +45,8 @@ SQL_KEYS = (
     "add_limit",
     "allow",
     "max_length",
+    "server_version",
+    "standard_conforming_strings",
 )
 
 
@@ -79,6 +81,17 @@ SQL_KEY_SCHEMA: dict[str, Any] = {
         "add_limit": {"type": "boolean", "description": "add LIMIT max_limit when absent"},
         "allow": _strings("constructs denied unless named", {"enum": [f.value for f in SqlFamily]}),
         "max_length": {"type": "integer", "minimum": 1, "description": "longest SQL text"},
+        "server_version": {
+            "type": "integer",
+            "description": "PostgreSQL: the server's major version (required; must be the "
+            "version whose parser capgate has installed)",
+        },
+        "standard_conforming_strings": {
+            "type": ["boolean", "string"],
+            "enum": [True, False, "on", "off"],
+            "description": "PostgreSQL: the server's setting; when not stated, string literals "
+            "with a backslash are refused",
+        },
     },
     "required": ["dialect", "tables"],
     "additionalProperties": False,
@@ -170,6 +183,8 @@ class _Reader:
             add_limit=self.boolean("add_limit"),
             allow=self.strings("allow", "a family to allow"),
             max_length=self.integer("max_length", MAX_SQL_LENGTH),
+            server_version=self.integer("server_version", None),
+            standard_conforming_strings=self.on_off("standard_conforming_strings"),
             unread=frozenset(self.unread),
         )
 
@@ -223,6 +238,19 @@ class _Reader:
         if value is None:
             self.unread.add(key)
         return bool(value)
+
+    def on_off(self, key: str) -> bool | None:
+        """A server setting: true/false, or PostgreSQL's on/off."""
+        if key not in self.m:
+            return None
+        node = self.m[key]
+        if isinstance(node.value, bool):
+            return bool(node.value)
+        if node.value in ("on", "off"):
+            return str(node.value) == "on"
+        node.fail(f"{node.where}: expected on or off, got {node.value!r}")
+        self.unread.add(key)
+        return None
 
     def read_schema(self) -> dict[str, list[str]] | None:
         m = self.m

@@ -30,8 +30,8 @@ from gateway.checks.sql.limits import (
 from gateway.checks.sql.options import DIALECTS
 from gateway.checks.sql.violations import Denial, Refusal, at, position
 
-SQLGLOT_READS = ("postgres", "mysql")
-"""Dialects whose text sqlglot reads (SQLite's is read by SQLite's compiler)."""
+SQLGLOT_READS = ("mysql",)
+"""Dialects whose text sqlglot reads (PostgreSQL's parser and SQLite's compiler read theirs)."""
 
 DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from sqlglot import exp
 
-from gateway.checks.sql import parsing, sqlite
+from gateway.checks.sql import parsing, postgres, sqlite
 from gateway.checks.sql.cache import Lru
 from gateway.checks.sql.driver import check_statement
 from gateway.checks.sql.lexing import raw_text_problems
@@ -78,6 +78,8 @@ class SqlPolicy(SqlRules):
         add_limit: bool = False,
         allow: Iterable[str] = (),
         max_length: int = MAX_SQL_LENGTH,
+        server_version: int | None = None,
+        standard_conforming_strings: bool | None = None,
         rule_id: str | None = None,
     ) -> SqlPolicy:
         """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
@@ -95,6 +97,8 @@ class SqlPolicy(SqlRules):
             add_limit=add_limit,
             allow=tuple(allow),
             max_length=max_length,
+            server_version=server_version,
+            standard_conforming_strings=standard_conforming_strings,
         )
         return cls.from_settings(settings, rule_id=rule_id)
 
@@ -173,6 +177,8 @@ class SqlPolicy(SqlRules):
         """The authority's reading of ``text`` for this policy's dialect."""
         if self._scratch is not None:
             return sqlite.read(self, self._scratch, text)
+        if self.dialect == "postgres":
+            return postgres.read(self, text)
         return self._read_sqlglot(text)
 
     def _read_sqlglot(self, text: str) -> Reading:

@@ -47,6 +47,7 @@ class Reason(StrEnum):
     QUERY_INVALID = "query_invalid"
     BODY_INVALID = "body_invalid"
     SQL_DENIED = "sql_denied"
+    SQL_TOO_COMPLEX = "sql_too_complex"
     TOOL_DENIED = "tool_denied"
     MCP_DENIED = "mcp_denied"
     MCP_SESSION_UNKNOWN = "mcp_session_unknown"
@@ -163,6 +164,14 @@ class SqlDenied(PolicyDenied):
 
     reason = Reason.SQL_DENIED
     title = "SQL denied by policy"
+
+
+class SqlTooComplex(SqlDenied):
+    """Raised when SQL in the call is past the bounds on what one check may cost (length,
+    tokens, nodes, joins, nesting) or the check ran past its wall-clock backstop."""
+
+    reason = Reason.SQL_TOO_COMPLEX
+    title = "SQL too complex to check"
 
 
 class ToolDenied(PolicyDenied):
@@ -334,6 +343,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.QUERY_INVALID: QueryInvalid,
     Reason.BODY_INVALID: BodyInvalid,
     Reason.SQL_DENIED: SqlDenied,
+    Reason.SQL_TOO_COMPLEX: SqlTooComplex,
     Reason.TOOL_DENIED: ToolDenied,
     Reason.MCP_DENIED: McpDenied,
     Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,

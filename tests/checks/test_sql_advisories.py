@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.checks.sql import SqlPolicy
-from gateway.errors import SqlDenied
+from gateway.errors import SqlDenied, SqlTooComplex
 from gateway.policy.load import load_policy
 
 EXAMPLE = "policies/example.yaml"
@@ -139,3 +139,46 @@ def test_postgres_parse_errors_have_positions_and_are_not_logged(
     err = first_error(pg(), "SELECT 'x-secret-2' FROM\nWHERE")
     assert err["kind"] == "parse" and err["line"] == 2
     assert "x-secret-2" not in caplog.text
+
+
+def test_row_packing_recursive_and_joins_are_bounded() -> None:
+    assert first_error(pg(), "SELECT string_agg(name, ',') FROM customers LIMIT 1")["kind"] == (
+        "function"
+    )
+    assert pg(functions=["string_agg"]).check("SELECT string_agg(name, ',') FROM customers LIMIT 1")
+    recursive = (
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT i FROM n LIMIT 5"
+    )
+    assert first_error(pg(), recursive)["kind"] == "recursive"
+    assert pg(allow=["recursive"]).check(recursive)
+    joins = "SELECT a.id FROM orders a, orders b, orders c, orders d, orders e LIMIT 1"
+    with pytest.raises(SqlTooComplex) as info:
+        pg().check(joins)
+    assert info.value.reason.value == "sql_too_complex"
+    assert pg(max_joins=4).check(joins)
+
+
+def test_the_wall_clock_backstop_is_never_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.checks.sql.policy as sql_policy
+
+    policy = pg()
+    monkeypatch.setattr(sql_policy, "CHECK_BACKSTOP_SECONDS", -1.0)
+    with pytest.raises(SqlTooComplex):
+        policy.check("SELECT id FROM orders LIMIT 1")
+    monkeypatch.setattr(sql_policy, "CHECK_BACKSTOP_SECONDS", 10.0)
+    assert policy.check("SELECT id FROM orders LIMIT 1")  # checked again, not remembered
+
+
+def test_an_unexpected_error_logs_no_sql(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gateway.checks.sql.postgres as sql_postgres
+
+    def broken(self: Any, node: Any) -> None:
+        raise ValueError("SELECT x-secret-3 FROM customers")
+
+    monkeypatch.setattr(sql_postgres._Reader, "root", broken)
+    caplog.set_level(logging.DEBUG)
+    assert first_error(pg(), "SELECT 'x-secret-3' LIMIT 1")["kind"] == "unchecked"
+    assert "x-secret-3" not in caplog.text and "Traceback" not in caplog.text
+    assert "ValueError" in caplog.text

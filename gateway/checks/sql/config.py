@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from gateway.checks.sql.adapter import SqlBodyCheck
-from gateway.checks.sql.limits import MAX_SQL_LENGTH
+from gateway.checks.sql.limits import DEFAULT_MAX_JOINS, MAX_SQL_LENGTH
 from gateway.checks.sql.options import DIALECTS, SqlFamily, SqlKind
 from gateway.checks.sql.policy import SqlPolicy
 from gateway.checks.sql.settings import SettingProblem, SqlSettings, SqlSettingsError
@@ -45,6 +45,7 @@ SQL_KEYS = (
     "add_limit",
     "allow",
     "max_length",
+    "max_joins",
     "server_version",
     "standard_conforming_strings",
 )
@@ -81,6 +82,11 @@ SQL_KEY_SCHEMA: dict[str, Any] = {
         "add_limit": {"type": "boolean", "description": "add LIMIT max_limit when absent"},
         "allow": _strings("constructs denied unless named", {"enum": [f.value for f in SqlFamily]}),
         "max_length": {"type": "integer", "minimum": 1, "description": "longest SQL text"},
+        "max_joins": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "joins per statement (default 3): each one multiplies the rows read",
+        },
         "server_version": {
             "type": "integer",
             "description": "PostgreSQL: the server's major version (required; must be the "
@@ -183,6 +189,7 @@ class _Reader:
             add_limit=self.boolean("add_limit"),
             allow=self.strings("allow", "a family to allow"),
             max_length=self.integer("max_length", MAX_SQL_LENGTH),
+            max_joins=self.integer("max_joins", DEFAULT_MAX_JOINS),
             server_version=self.integer("server_version", None),
             standard_conforming_strings=self.on_off("standard_conforming_strings"),
             unread=frozenset(self.unread),

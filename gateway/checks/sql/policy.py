@@ -12,6 +12,7 @@ LIMIT is added to the text and the new text is parsed and checked again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
@@ -23,6 +24,8 @@ from gateway.checks.sql.driver import check_statement
 from gateway.checks.sql.lexing import raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
+    CHECK_BACKSTOP_SECONDS,
+    DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
@@ -78,6 +81,7 @@ class SqlPolicy(SqlRules):
         add_limit: bool = False,
         allow: Iterable[str] = (),
         max_length: int = MAX_SQL_LENGTH,
+        max_joins: int = DEFAULT_MAX_JOINS,
         server_version: int | None = None,
         standard_conforming_strings: bool | None = None,
         rule_id: str | None = None,
@@ -97,6 +101,7 @@ class SqlPolicy(SqlRules):
             add_limit=add_limit,
             allow=tuple(allow),
             max_length=max_length,
+            max_joins=max_joins,
             server_version=server_version,
             standard_conforming_strings=standard_conforming_strings,
         )
@@ -124,15 +129,29 @@ class SqlPolicy(SqlRules):
                     raise hit.error(self.rule_id)
                 return hit
         result: SqlVerdict | Refusal
+        started = time.perf_counter()
         try:
             result = self._evaluate(text, rewrite=self.add_limit)
         except Refusal as refusal:
             result = refusal
         except RecursionError:
             result = Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
-        except Exception:  # fail closed: a bug or an unexpected input never allows the SQL
-            logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
+        except Exception as exc:  # fail closed: a bug or an unexpected input never allows it
+            # Never the SQL, nor an exception's message or traceback (they may quote it).
+            logger.warning(
+                "the SQL check failed unexpectedly (%s); the SQL is denied", type(exc).__name__
+            )
             result = Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
+        if time.perf_counter() - started > CHECK_BACKSTOP_SECONDS:
+            # The wall-clock backstop: never remembered (a loaded machine's stall must not
+            # become the verdict for this text); what it would have allowed is refused.
+            if isinstance(result, Refusal):
+                raise result.error(self.rule_id)
+            raise Refusal.of(
+                Denial.COMPLEX,
+                f"the SQL took longer than {CHECK_BACKSTOP_SECONDS} s to check",
+                "time",
+            ).error(self.rule_id)
         if cacheable:
             self._verdicts.put(text, result, len(text))
         if isinstance(result, Refusal):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pglast import parser as pg_parser
 
-from gateway.checks.sql.limits import MAX_NESTING
+from gateway.checks.sql.limits import MAX_NESTING, MAX_NODES
 from gateway.checks.sql.names import TableName, is_catalog
 from gateway.checks.sql.options import SqlFamily, SqlKind
 from gateway.checks.sql.reading import Reading
@@ -137,6 +137,8 @@ class _Reader:
         self._ascii = text.isascii()
         self._bytes: bytes | None = None
         self.depth = 0  # queries nested in queries
+        self.nodes = 0  # tree nodes walked
+        self.joins = 0  # FROM items beyond the first, in every query
 
     # -- reporting -------------------------------------------------------------------------
 
@@ -232,6 +234,14 @@ class _Reader:
     ) -> dict[str, _Source]:
         visible = dict(ctes)
         recursive = bool(clause.get("recursive"))
+        if recursive and SqlFamily.RECURSIVE not in self.rules.allow:
+            self.refuse(
+                Denial.RECURSIVE,
+                "WITH RECURSIVE{at} generates rows without a bound; it is not allowed "
+                "(allow: [recursive] opts in)",
+                "recursive",
+                clause.get("location"),
+            )
         for item in clause.get("ctes", ()):
             cte = item["CommonTableExpr"]
             name = str(cte["ctename"])
@@ -278,6 +288,7 @@ class _Reader:
         scope = _Scope(parent)
         for item in s.get("fromClause", ()):
             self.from_item(item, scope, ctes)
+        self.count_joins(len(s.get("fromClause", ())) - 1)
         for key in (
             "targetList", "whereClause", "groupClause", "havingClause", "windowClause",
             "sortClause", "distinctClause", "limitCount", "limitOffset", "valuesLists",
@@ -468,6 +479,7 @@ class _Reader:
         left = self.from_item(node["larg"], inner, ctes)
         right = self.from_item(node["rarg"], inner, ctes)
         joined = _Source("join", members=[left, right])
+        self.count_joins(1)
         guarded = [t for t in joined.tables() if self.denied(t)]
         if guarded and node.get("isNatural"):
             self.refuse(
@@ -497,6 +509,16 @@ class _Reader:
             return _Source("join", members=[left, right], plain=False)
         return joined
 
+    def count_joins(self, more: int) -> None:
+        self.joins += max(more, 0)
+        if self.joins > self.rules.max_joins:
+            raise Refusal.of(
+                Denial.COMPLEX,
+                f"the SQL joins more than {self.rules.max_joins} times (max_joins); each join "
+                "multiplies what the database may have to read",
+                "joins",
+            )
+
     # -- expressions -------------------------------------------------------------------------
 
     def walk(
@@ -511,6 +533,11 @@ class _Reader:
                 continue
             if not isinstance(item, dict):
                 continue
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise Refusal.of(
+                    Denial.COMPLEX, f"the SQL has more than {MAX_NODES} syntax nodes", "nodes"
+                )
             if len(item) == 1:
                 ((key, value),) = item.items()
                 if key[:1].isupper() and isinstance(value, dict):
@@ -531,6 +558,17 @@ class _Reader:
             self.function(value, table_fn)
             return [value.get(k) for k in ("args", "agg_order", "agg_filter", "over")]
         if kind == "SubLink":
+            if (
+                value.get("subLinkType") == "ARRAY_SUBLINK"
+                and "array_agg" not in self.rules.functions
+            ):
+                self.refuse(
+                    Denial.FUNCTION,
+                    "ARRAY(subquery){at} packs every row into one value; it is allowed only "
+                    "with array_agg in the rule's functions",
+                    "array_agg",
+                    value.get("location"),
+                )
             self.statement(value["subselect"], scope, ctes)
             return value.get("testexpr")
         if kind == "SQLValueFunction":

@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
+from gateway.checks.sql.limits import (
+    DEFAULT_MAX_JOINS,
+    MAX_JOINS,
+    MAX_LIMIT,
+    MAX_SQL_LENGTH,
+    MAX_STATEMENTS,
+)
 from gateway.checks.sql.names import (
     TableName,
     column_key,
@@ -86,6 +92,7 @@ class SqlRules:
     add_limit: bool = False
     allow: frozenset[SqlFamily] = frozenset()
     max_length: int = MAX_SQL_LENGTH
+    max_joins: int = DEFAULT_MAX_JOINS
     server_version: int | None = None  # PostgreSQL: the server's major version
     standard_conforming_strings: bool | None = None  # PostgreSQL: None when not stated
 
@@ -110,6 +117,7 @@ class SqlSettings:
     add_limit: bool = False
     allow: Sequence[str] = ()
     max_length: int = MAX_SQL_LENGTH
+    max_joins: int = DEFAULT_MAX_JOINS
     server_version: int | None = None
     standard_conforming_strings: bool | None = None
     unread: frozenset[str] = frozenset()
@@ -149,6 +157,7 @@ class SqlSettings:
             add_limit=self.add_limit,
             allow=frozenset(families),
             max_length=self.max_length,
+            max_joins=self.max_joins,
             server_version=self.server_version,
             standard_conforming_strings=self.standard_conforming_strings,
         )
@@ -284,6 +293,8 @@ class SqlSettings:
             found.add("add_limit", "add_limit needs max_limit")
         if "max_length" not in self.unread:
             found.in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
+        if "max_joins" not in self.unread:
+            found.in_range("max_joins", self.max_joins, 0, MAX_JOINS)
 
     def _authority(
         self,

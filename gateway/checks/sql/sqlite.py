@@ -219,17 +219,8 @@ def _action_problem(rules: SqlRules, code: int, a: str | None, b: str | None) ->
         if kind in rules.statements:
             return None
         return _kind_refused(rules, kind)
-    if code in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_RECURSIVE):
-        return None
-    if code == sqlite3.SQLITE_FUNCTION:
-        name = (b or "").lower()
-        if name in rules.functions or name in _OPERATORS:
-            return None
-        return Violation(
-            Denial.FUNCTION,
-            f"the function {name}() is not on the rule's list of allowed functions",
-            name,
-        )
+    if code in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_RECURSIVE, sqlite3.SQLITE_FUNCTION):
+        return _query_problem(rules, code, b)
     table = (a or "").lower()
     if table.startswith("sqlite_"):
         if SqlFamily.SYSTEM_CATALOGS in rules.allow and code == sqlite3.SQLITE_READ:
@@ -250,6 +241,29 @@ def _action_problem(rules: SqlRules, code: int, a: str | None, b: str | None) ->
             Denial.COLUMN, f"the UPDATE writes the denied column {table}.{b}", f"{table}.{b}"
         )
     return None
+
+
+def _query_problem(rules: SqlRules, code: int, name: str | None) -> Violation | None:
+    """SELECT, a recursive CTE, a function call."""
+    if code == sqlite3.SQLITE_SELECT:
+        return None
+    if code == sqlite3.SQLITE_RECURSIVE:
+        if SqlFamily.RECURSIVE in rules.allow:
+            return None
+        return Violation(
+            Denial.RECURSIVE,
+            "a recursive CTE generates rows without a bound; it is not allowed "
+            "(allow: [recursive] opts in)",
+            "recursive",
+        )
+    function = (name or "").lower()
+    if function in rules.functions or function in _OPERATORS:
+        return None
+    return Violation(
+        Denial.FUNCTION,
+        f"the function {function}() is not on the rule's list of allowed functions",
+        function,
+    )
 
 
 def _kind_refused(rules: SqlRules, kind: SqlKind) -> Violation:
@@ -292,6 +306,7 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
         tokens.pop()
     if not tokens:
         raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+    _count_joins(rules, tokens)
     first = tok.keyword(tokens[0])
     if first in _LEADING_COMMANDS:
         raise Refusal.of(
@@ -353,6 +368,44 @@ def _joins_compare_guarded(rules: SqlRules, tokens: list[tok.Token]) -> bool:
             if name.lower() in guarded:
                 return True
     return False
+
+
+_CLAUSE_ENDS = frozenset(
+    {"WHERE", "GROUP", "HAVING", "WINDOW", "ORDER", "LIMIT", "UNION", "EXCEPT", "INTERSECT"}
+    | {"ON", "USING", "SELECT", "VALUES", "RETURNING", "SET"}
+)
+
+
+def _count_joins(rules: SqlRules, tokens: list[tok.Token]) -> None:
+    """Joins per statement: each JOIN, and each ',' between FROM items (at the FROM's depth).
+
+    Counted on the tokens (SQLite's authorizer does not report joins); an over-count only
+    refuses more."""
+    joins = 0
+    from_depths: set[int] = set()
+    depth = 0
+    for token in tokens:
+        word = tok.keyword(token)
+        if token.text == "(" and token.kind is tok.Kind.PUNCT:
+            depth += 1
+        elif token.text == ")" and token.kind is tok.Kind.PUNCT:
+            from_depths.discard(depth)
+            depth -= 1
+        elif word == "FROM":
+            from_depths.add(depth)
+        elif word == "JOIN":
+            joins += 1
+        elif word in _CLAUSE_ENDS:
+            from_depths.discard(depth)
+        elif token.text == "," and depth in from_depths:
+            joins += 1
+    if joins > rules.max_joins:
+        raise Refusal.of(
+            Denial.COMPLEX,
+            f"the SQL joins more than {rules.max_joins} times (max_joins); each join "
+            "multiplies what the database may have to read",
+            "joins",
+        )
 
 
 def _literal(token: tok.Token) -> int | None:

@@ -52,6 +52,7 @@ class Reason(StrEnum):
     BODY_INVALID = "body_invalid"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SQL_DENIED = "sql_denied"
+    SQL_TOO_COMPLEX = "sql_too_complex"
     TOOL_DENIED = "tool_denied"
     MCP_DENIED = "mcp_denied"
     MCP_SESSION_UNKNOWN = "mcp_session_unknown"
@@ -186,6 +187,14 @@ class SqlDenied(PolicyDenied):
 
     reason = Reason.SQL_DENIED
     title = "SQL denied by policy"
+
+
+class SqlTooComplex(SqlDenied):
+    """Raised when SQL in the call is past the bounds on what one check may cost (length,
+    tokens, nodes, joins, nesting) or the check ran past its wall-clock backstop."""
+
+    reason = Reason.SQL_TOO_COMPLEX
+    title = "SQL too complex to check"
 
 
 class ToolDenied(PolicyDenied):
@@ -386,6 +395,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.BODY_INVALID: BodyInvalid,
     Reason.UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaType,
     Reason.SQL_DENIED: SqlDenied,
+    Reason.SQL_TOO_COMPLEX: SqlTooComplex,
     Reason.TOOL_DENIED: ToolDenied,
     Reason.MCP_DENIED: McpDenied,
     Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,

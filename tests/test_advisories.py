@@ -375,7 +375,9 @@ roles:
         upstream: tools
         allow: POST /mcp
         tool: run_sql
-        sql: {argument: sql, dialect: sqlite, tables: [orders], max_limit: 100, add_limit: true}
+        sql:
+          {argument: sql, dialect: sqlite, tables: [orders],
+           schema: {orders: [id, status]}, max_limit: 100, add_limit: true}
 """
 
 

@@ -14,7 +14,7 @@ import sqlglot.tokens
 
 import gateway.checks.sql as sql_module
 import gateway.checks.sql.cache as sql_cache
-import gateway.checks.sql.parsing as sql_parsing
+import gateway.checks.sql.postgres as sql_postgres
 import gateway.checks.sql.rules.tables as sql_tables
 from gateway.checks.sql import (
     DEFAULT_FUNCTIONS,
@@ -94,11 +94,22 @@ def load_sql_check(sql_block: str, path: Path | str = "policy.yaml") -> SqlBodyC
 
 def analyst(dialect: str) -> SqlPolicy:
     """The product's analyst role, compiled from policy YAML as in production."""
-    return load_sql_check(ANALYST_SQL.format(dialect=dialect)).policy
+    return load_sql_check(analyst_sql(dialect)).policy
+
+
+def analyst_sql(dialect: str) -> str:
+    block = ANALYST_SQL.format(dialect=dialect)
+    if dialect == "postgres":
+        block = block.replace("dialect: postgres\n", "dialect: postgres\nserver_version: 15\n")
+    return block
 
 
 def make(dialect: str = "postgres", **kwargs: Any) -> SqlPolicy:
     kwargs.setdefault("tables", ["orders", "customers"])
+    if dialect == "sqlite":  # SQLite's compiler checks against the rule's schema: required
+        kwargs.setdefault("schema", SCHEMA)
+    if dialect == "postgres":  # the server's major version: the parser's
+        kwargs.setdefault("server_version", 15)
     return SqlPolicy.create(dialect, rule_id="r", **kwargs)
 
 
@@ -174,7 +185,8 @@ def test_allowed_fixture(policy_for: Any, dialect: str, text: str) -> None:
 @pytest.mark.parametrize(("dialect", "text", "expected"), denied_cases())
 def test_denied_fixture(policy_for: Any, dialect: str, text: str, expected: str) -> None:
     err = denial(policy_for(dialect), text)
-    assert err.reason is Reason.SQL_DENIED
+    too_complex = expected in ("size", "depth", "complex")
+    assert err.reason is (Reason.SQL_TOO_COMPLEX if too_complex else Reason.SQL_DENIED)
     assert err.status == 403
     assert err.rule == "query-orders"
     assert err.detail
@@ -191,8 +203,14 @@ def test_fixture_categories_are_known_and_covered() -> None:
         assert kind in {d.value for d in Denial}, f"unknown category {kind!r}"
         used[dialect].add(kind)
     # Every category but the internal one appears in the PostgreSQL fixtures.
-    assert {d.value for d in Denial} - used["postgres"] == {"unchecked", "variable"}
-    assert "variable" in used["mysql"]
+    # (comment and size are sqlglot's: PostgreSQL's parser reads comments and has no markers)
+    assert {d.value for d in Denial} - used["postgres"] == {
+        "unchecked",
+        "variable",
+        "comment",
+        "size",
+    }
+    assert {"variable", "comment"} <= used["mysql"]
     for dialect in DIALECTS:
         assert len(read_fixture(dialect, "allowed.sql")) >= 30
         assert len(read_fixture(dialect, "denied.sql")) >= 60
@@ -218,7 +236,9 @@ def test_pitfall_statements_are_counted() -> None:
 
 @pytest.mark.parametrize("text", ["SELEC * FRM t", "LISTEN x", "DISCARD ALL", "orders", "1 + 1"])
 def test_pitfall_root_must_be_a_statement(text: str) -> None:
-    assert kind_of(make(), text) == "statement"
+    # sqlglot (MySQL) parses these as expressions; PostgreSQL's parser refuses or names them.
+    assert kind_of(make("mysql"), text) == "statement"
+    assert kind_of(make(), text) in ("parse", "command")
 
 
 @pytest.mark.parametrize(
@@ -269,12 +289,19 @@ def test_pitfall_functions_are_an_allow_list() -> None:
     assert not {"pg_sleep", "dblink", "load_extension", "sleep", "benchmark"} & DEFAULT_FUNCTIONS
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("marker", ["/*!", "/*M!", "/*m!", "/*!50000"])
-def test_pitfall_executable_comments_are_denied_in_every_dialect(dialect: str, marker: str) -> None:
-    err = denial(make(dialect), f"SELECT id FROM orders {marker} ; DROP TABLE orders */")
+def test_pitfall_executable_comments_are_denied_where_sqlglot_reads(marker: str) -> None:
+    err = denial(make("mysql"), f"SELECT id FROM orders {marker} ; DROP TABLE orders */")
     assert errors(err)[0]["kind"] == "comment"
     assert errors(err)[0]["line"] == 1 and errors(err)[0]["col"] == 23
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+@pytest.mark.parametrize("marker", ["/*!", "/*M!"])
+def test_executable_comments_are_comments_to_the_database(dialect: str, marker: str) -> None:
+    # The database's own reader reads the text: a comment is a comment, whatever it holds.
+    text = f"SELECT id FROM orders {marker} ; DROP TABLE orders */ LIMIT 1"
+    assert make(dialect).check(text).sql == text
 
 
 def test_pitfall_original_text_is_forwarded() -> None:
@@ -284,7 +311,7 @@ def test_pitfall_original_text_is_forwarded() -> None:
 
 def test_pitfall_regeneration_examples_are_denied_not_rewritten() -> None:
     # The three examples where sqlglot's output would differ from what the agent sent.
-    assert kind_of(make("sqlite"), "PRAGMA table_info(users)") == "command"
+    assert kind_of(make("sqlite"), "PRAGMA table_info(orders)") == "command"
     assert kind_of(make(), 'SELECT "LOWER"(name) FROM customers') == "function"
     assert kind_of(make("mysql"), "SELECT id INTO @v FROM orders") == "into"
 
@@ -320,13 +347,13 @@ def test_pitfall_add_limit_appends_and_rechecks() -> None:
 
 def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    real_parse = sql_parsing.parse
+    real_read = sql_postgres.read
 
-    def spy(dialect: str, text: str) -> Any:
+    def spy(rules: Any, text: str) -> Any:
         seen.append(text)
-        return real_parse(dialect, text)
+        return real_read(rules, text)
 
-    monkeypatch.setattr(sql_parsing, "parse", spy)
+    monkeypatch.setattr(sql_postgres, "read", spy)
     make(max_limit=7, add_limit=True).check("SELECT id FROM orders")
     assert seen == ["SELECT id FROM orders", "SELECT id FROM orders LIMIT 7"]
 
@@ -363,7 +390,7 @@ def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPat
     ],
 )
 def test_pitfall_deep_nesting_is_denied_quickly(text: str, expected: str) -> None:
-    policy = make()
+    policy = make("mysql")  # sqlglot's reading (PostgreSQL's: tests/checks/test_sql_cost.py)
     started = time.perf_counter()
     assert kind_of(policy, text) == expected
     assert time.perf_counter() - started < 5  # generous: ~0.1 s on a laptop
@@ -372,7 +399,7 @@ def test_pitfall_deep_nesting_is_denied_quickly(text: str, expected: str) -> Non
 def test_pitfall_parse_and_verdict_are_cached() -> None:
     clear_parse_cache()
     text = "SELECT o.id FROM orders o WHERE o.status = 'cached-test' LIMIT 3"
-    one, two = make(max_limit=10), make(max_limit=10)
+    one, two = make("mysql", max_limit=10), make("mysql", max_limit=10)
     first = one.check(text)
     assert one.check(text) is first  # the verdict cache answers the repeat
     assert one.cache_info() == {"hits": 1, "misses": 1, "size": 1}
@@ -380,7 +407,7 @@ def test_pitfall_parse_and_verdict_are_cached() -> None:
     parse = cache_info()["parse"]
     assert (parse["misses"], parse["hits"]) == (1, 1)
     # Denials are cached too, and each call gets a fresh exception.
-    a, b = denial(one, "SELECT pg_sleep(1)"), denial(one, "SELECT pg_sleep(1)")
+    a, b = denial(one, "SELECT sleep(1)"), denial(one, "SELECT sleep(1)")
     assert a is not b and a.errors == b.errors
     assert one.cache_info()["hits"] == 2
 
@@ -423,20 +450,22 @@ def test_sqlglot_meta_directive_cannot_switch_normalisation_off() -> None:
     text = (
         'WITH "Customers" AS (SELECT 1) SELECT * FROM Customers /* sqlglot.meta case_sensitive */'
     )
-    assert kind_of(make(tables=["orders"]), text) == "comment"
-    assert kind_of(
-        make(tables=["orders"]), text.replace("/* sqlglot.meta case_sensitive */", "")
-    ) == ("table")
+    assert kind_of(make("mysql", tables=["orders"]), text) == "comment"
 
 
-@pytest.mark.parametrize("text", ['SELECT U&"\\0073sn" FROM customers', 'SELECT u&"x" FROM orders'])
-def test_postgres_unicode_identifiers_are_denied(text: str) -> None:
-    assert kind_of(make(), text) == "parse"
+def test_postgres_unicode_identifiers_are_decoded_as_postgres_does() -> None:
+    # sqlglot read U & "...": PostgreSQL's parser decodes the identifier.
+    policy = make(deny_columns=["customers.ssn"])
+    err = denial(policy, 'SELECT U&"\\0073sn" FROM customers')
+    assert (errors(err)[0]["kind"], errors(err)[0]["found"]) == ("column", "customers.ssn")
+    assert policy.check('SELECT u&"x" FROM orders')
 
 
-def test_postgres_long_identifiers_are_denied() -> None:
-    assert kind_of(make(), f"SELECT {'a' * 64} FROM orders") == "parse"
-    assert make().check(f"SELECT {'a' * 63} FROM orders")
+def test_postgres_long_identifiers_are_truncated_as_postgres_does() -> None:
+    # PostgreSQL truncates identifiers to 63 bytes; so does its parser, so the check sees the
+    # name the server resolves.
+    policy = make(tables=["orders", "o" * 63])
+    assert policy.check(f"SELECT id FROM {'o' * 70}").tables == ("o" * 63,)
 
 
 @pytest.mark.parametrize(
@@ -449,10 +478,16 @@ def test_mysql_sql_mode_dependent_lexing_is_denied(text: str) -> None:
 
 @pytest.mark.parametrize("char", ["\xa0", "\u3000", "\u2028", "\x0b", "\x85", "\ufeff", "\u200b"])
 def test_unusual_spaces_outside_strings_are_denied(char: str) -> None:
-    # sqlglot splits words on any Unicode space; PostgreSQL reads U+00A0 as part of a name.
-    assert kind_of(make(), f"SELECT id{char}FROM orders") == "parse"
-    assert kind_of(make(), f"SELECT id FROM orders -- {char}") == "parse"
-    assert make().check(f"SELECT id FROM orders WHERE status = 'a{char}b'")
+    # sqlglot splits words on any Unicode space; databases may read U+00A0 as part of a name.
+    policy = make("mysql")
+    assert kind_of(policy, f"SELECT id{char}FROM orders") == "parse"
+    assert kind_of(policy, f"SELECT id FROM orders -- {char}") == "parse"
+    assert policy.check(f"SELECT id FROM orders WHERE status = 'a{char}b'")
+    # PostgreSQL's parser reads them as PostgreSQL does: part of a name, or in a comment.
+    pg = make(deny_columns=["customers.ssn"])
+    assert pg.check(f"SELECT id FROM orders -- {char}")
+    if char == "\xa0":  # a name character to PostgreSQL: 'ssn\xa0' is not ssn
+        assert pg.check(f"SELECT ssn{char} FROM customers")
 
 
 def test_nul_and_non_strings_are_denied() -> None:
@@ -466,7 +501,10 @@ def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
         raise ValueError("a bug")
 
     monkeypatch.setattr(sql_tables, "check_tables", broken)
+    monkeypatch.setattr(sql_postgres._Reader, "root", broken)
     err = denial(make(), "SELECT id FROM orders")
+    assert errors(err)[0]["kind"] == "unchecked"
+    err = denial(make("mysql"), "SELECT id FROM orders")
     assert errors(err)[0]["kind"] == "unchecked"
     assert err.detail == "the SQL could not be checked"
 
@@ -474,7 +512,7 @@ def test_unexpected_errors_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RecursionError
 
     monkeypatch.setattr(sql_tables, "check_tables", deep)
-    assert kind_of(make(), "SELECT id FROM orders") == "depth"
+    assert kind_of(make("mysql"), "SELECT id FROM orders") == "depth"
 
 
 # --- tables, schemas, columns ------------------------------------------------------------------
@@ -711,7 +749,7 @@ def test_mcp_argument_denials() -> None:
 
 
 def test_policy_file_compiles_the_analyst_rule() -> None:
-    check = load_sql_check(ANALYST_SQL.format(dialect="postgres"))
+    check = load_sql_check(analyst_sql("postgres"))
     assert check.kind == "sql" and check.field == ("sql",) and check.rule_id == "query-orders"
     policy = check.policy
     assert policy.dialect == "postgres" and policy.max_limit == 1000
@@ -721,7 +759,7 @@ def test_policy_file_compiles_the_analyst_rule() -> None:
 
 def test_policy_file_example_from_design_loads_without_schema() -> None:
     check = load_sql_check(
-        "{field: sql, dialect: postgres, statements: [select], tables: [orders, customers],\n"
+        "{field: sql, dialect: postgres, server_version: 15, tables: [orders, customers],\n"
         " deny_columns: [customers.ssn], max_limit: 1000}"
     )
     assert kind_of(check.policy, "SELECT * FROM customers LIMIT 1") == "column"
@@ -729,7 +767,7 @@ def test_policy_file_example_from_design_loads_without_schema() -> None:
 
 def test_policy_file_schema_file(tmp_path: Path) -> None:
     (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
-    block = ANALYST_SQL.format(dialect="sqlite").replace(
+    block = analyst_sql("sqlite").replace(
         "schema:\n  customers: [id, name, email, ssn, country]\n"
         "  orders: [id, customer_id, total_cents, status, created_at]\n",
         "schema_file: schema.json\n",
@@ -739,7 +777,9 @@ def test_policy_file_schema_file(tmp_path: Path) -> None:
 
 
 def test_policy_file_mcp_tool_rule() -> None:
-    text = POLICY_TEMPLATE.format(sql=indent("{dialect: sqlite, argument: sql, tables: [orders]}"))
+    text = POLICY_TEMPLATE.format(
+        sql=indent("{dialect: sqlite, argument: sql, tables: [orders], schema: {orders: [id]}}")
+    )
     text = text.replace("upstream: db", "upstream: tools\n        tool: run_sql")
     policy = load_policy("policy.yaml", text=text)
     (check,) = policy.rules_by_id["query-orders"].checks
@@ -803,9 +843,7 @@ def test_policy_file_errors_name_file_line_and_column(block: str, line: int, mes
 async def test_explain_runs_the_sql_check_in_the_pipeline() -> None:
     from gateway.commands.explain import explain
 
-    block = ANALYST_SQL.format(dialect="postgres").replace(
-        "max_limit: 1000", "max_limit: 1000\nadd_limit: true"
-    )
+    block = analyst_sql("postgres").replace("max_limit: 1000", "max_limit: 1000\nadd_limit: true")
     text = POLICY_TEMPLATE.format(sql=indent(block))
     policy = load_policy("policy.yaml", text=text)
 

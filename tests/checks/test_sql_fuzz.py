@@ -32,13 +32,26 @@ ALLOWED = ("orders", "customers")
 FORBIDDEN = ("secrets", "refunds", "users")
 NAMES = ALLOWED + FORBIDDEN + ("c1", "c2")
 
-POLICIES = {d: SqlPolicy.create(d, tables=list(ALLOWED), max_statements=3) for d in DIALECTS}
+# SQLite rules name the columns of every table: SQLite's compiler checks against them.
+PLAIN_SCHEMA = {"customers": ["id", "name", "ssn"], "orders": ["id", "status", "name", "ssn"]}
+POLICIES = {
+    d: SqlPolicy.create(
+        d,
+        tables=list(ALLOWED),
+        max_statements=1 if d == "sqlite" else 3,
+        max_joins=32,
+        server_version=15 if d == "postgres" else None,
+        schema=PLAIN_SCHEMA if d == "sqlite" else None,
+    )
+    for d in DIALECTS
+}
 GUARDED = {
     (d, schema): SqlPolicy.create(
         d,
         tables=list(ALLOWED),
         deny_columns=["customers.ssn"],
-        schema={"customers": ["id", "name", "ssn"], "orders": ["id", "status"]} if schema else None,
+        server_version=15 if d == "postgres" else None,
+        schema=PLAIN_SCHEMA if schema or d == "sqlite" else None,
     )
     for d in DIALECTS
     for schema in (False, True)
@@ -181,10 +194,20 @@ def test_generated_selects_never_read_a_table_off_the_list(data: st.DataObject) 
     try:
         verdict = POLICIES[dialect].check(q.sql)
     except SqlDenied as err:
+        first = (err.errors or [{}])[0]
+        if dialect == "sqlite" and (
+            "circular reference" in first["detail"] or first["kind"] == "recursive"
+        ):
+            return  # SQLite: a CTE that names itself is recursive (or an error), RECURSIVE or not
         # Denied only because a table off the list is read (nothing else is wrong in them).
         assert not q.reads <= set(ALLOWED), (q, err.errors)
-        assert (err.errors or [{}])[0]["kind"] == "table"
+        assert first["kind"] == "table", (q, err.errors)
     else:
+        if dialect == "sqlite":
+            # SQLite never compiles a CTE that is not used, so it reads (and checks) only the
+            # tables a statement really reaches: never one off the list.
+            assert set(verdict.tables) <= set(ALLOWED), (q, verdict)
+            return
         assert q.reads <= set(ALLOWED), (q, verdict)
         assert set(verdict.tables) == set(q.reads)
 
@@ -240,6 +263,8 @@ def test_denied_column_is_never_reached(
         sql = f"SELECT 1 AS one WHERE EXISTS (SELECT {listed} FROM {table} t)"
         # EXISTS (SELECT * ...) outputs nothing; anything else named is still read.
         leaks = table == "customers" and any(reach and i != "*" for i, reach in items)
+        if dialect != "mysql":  # the database checks every column * expands to, even here
+            leaks = table == "customers" and any(reach for _, reach in items)
     else:
         sql = f"SELECT {listed} FROM {table} t"
     policy = GUARDED[(dialect, schema)]

@@ -29,6 +29,7 @@ roles:
         allow: POST /query
         sql:
           dialect: postgres
+          server_version: 15
           field: sql
 {rest}
 """
@@ -47,6 +48,7 @@ def test_create_names_the_first_problem_and_lists_them_all() -> None:
     with pytest.raises(SqlSettingsError) as info:
         SqlPolicy.create(
             "postgres",
+            server_version=15,
             tables=["orders", "pg_user"],
             statements=["select", "destroy"],
             deny_columns=["secrets.ssn"],
@@ -120,7 +122,7 @@ def test_create_and_the_file_say_the_same(rest: str, kwargs: dict[str, Any]) -> 
         kwargs = {"deny_columns": ["orders.x"], "schema": {"orders": ["id"]}}
     kwargs.setdefault("tables", ["orders"])
     with pytest.raises(SqlSettingsError) as info:
-        SqlPolicy.create("postgres", **kwargs)
+        SqlPolicy.create("postgres", server_version=15, **kwargs)
     (problem,) = info.value.problems
     (issue,) = file_issues(rest)
     assert issue.endswith(f"{WHERE}.{problem}"), issue
@@ -147,7 +149,9 @@ def test_the_reader_checks_types_and_leaves_values_to_the_settings() -> None:
 
 
 def test_settings_not_read_in_full_are_never_valid() -> None:
-    settings = SqlSettings(dialect="postgres", tables=(), unread=frozenset({"tables"}))
+    settings = SqlSettings(
+        dialect="postgres", tables=(), server_version=15, unread=frozenset({"tables"})
+    )
     with pytest.raises(SqlSettingsError) as info:
         SqlPolicy.from_settings(settings)
     assert info.value.problems == ()
@@ -164,6 +168,7 @@ def test_from_settings_builds_the_same_policy_as_create() -> None:
         "max_limit": 10,
         "add_limit": True,
         "allow": ["locking"],
+        "server_version": 15,
     }
     one = SqlPolicy.create("postgres", rule_id="r", **kwargs)
     two = SqlPolicy.from_settings(SqlSettings(dialect="postgres", **kwargs), rule_id="r")

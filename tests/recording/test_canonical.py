@@ -149,7 +149,7 @@ roles:
       - id: query-orders
         upstream: db
         allow: POST /query
-        sql: {field: sql, dialect: postgres, statements: [select], tables: [orders]}
+        sql: {field: sql, dialect: postgres, server_version: 15, tables: [orders]}
 """,
     )
     r = policy.rules_by_id["query-orders"]

@@ -37,7 +37,9 @@ roles:
       - id: query
         upstream: db
         allow: POST /query
-        sql: {field: sql, dialect: sqlite, tables: [orders], max_limit: 10, add_limit: true}
+        sql:
+          {field: sql, dialect: sqlite, tables: [orders],
+           schema: {orders: [id, status]}, max_limit: 10, add_limit: true}
   support:
     rate: 100/hour
     rules:
@@ -55,7 +57,9 @@ roles:
         upstream: tools
         allow: POST /mcp
         tool: run_sql
-        sql: {argument: sql, dialect: sqlite, tables: [orders], max_limit: 5, add_limit: true}
+        sql:
+          {argument: sql, dialect: sqlite, tables: [orders],
+           schema: {orders: [id, status]}, max_limit: 5, add_limit: true}
       - id: held
         upstream: tools
         allow: POST /mcp

@@ -41,7 +41,7 @@ async def test_every_observer_is_told_even_after_one_fails(
             "POST",
             "/db/query",
             headers={"X-Leak": SECRET},
-            body=json.dumps({"sql": f"SELECT id FROM orders WHERE s = '{SECRET}'"}).encode(),
+            body=json.dumps({"sql": f"SELECT id FROM orders WHERE status = '{SECRET}'"}).encode(),
             roles=["analyst"],
         ),
     )

@@ -1,9 +1,14 @@
-"""SQL in a call: parsed with sqlglot, checked against the rule's ``sql:`` policy, fail closed.
+"""SQL in a call: read by the database's own code, checked against the rule's ``sql:`` policy,
+fail closed. PostgreSQL's parser (``postgres``, pglast) and SQLite's compiler (``sqlite``) are
+the authorities for their dialects; sqlglot reads MySQL under a strict lexical allow-list.
 
 A rule that forwards SQL to a database names where the SQL is and what it may do::
 
     sql:
       dialect: postgres            # postgres | sqlite | mysql (required)
+      server_version: 15           # postgres: the server's major (must match the parser)
+      standard_conforming_strings: on  # postgres: stated, or backslashes in strings refused
+      max_joins: 3                 # joins per statement (default 3)
       field: sql                   # dotted path of the JSON body field holding the SQL
       # body: raw                  # ... or: the whole request body is the SQL (UTF-8)
       # argument: sql              # ... or, for an MCP tool rule: the tool argument
@@ -11,14 +16,14 @@ A rule that forwards SQL to a database names where the SQL is and what it may do
       max_statements: 1            # statements per call (default 1)
       tables: [orders, customers]  # the only tables that may be named (required)
       default_schema: public       # optional: 'orders' and 'public.orders' are the same table
-      schema:                      # optional: columns per table (a list, or a mapping to types)
+      schema:                      # columns per table (required for sqlite)
         customers: [id, name, email, ssn, country]
       # schema_file: schema.yaml   # ... or the same mapping in a YAML/JSON file next to the policy
       deny_columns: [customers.ssn]
       functions: [md5]             # allowed on top of DEFAULT_FUNCTIONS
       max_limit: 1000              # the outermost query needs a literal LIMIT <= 1000 ...
       add_limit: true              # ... or, when it has none, gets 'LIMIT 1000' appended
-      allow: [locking]             # opt-ins: locking, into, system_catalogs, variables
+      allow: [locking]             # opt-ins: locking, into, system_catalogs, variables, recursive
       max_length: 100000           # characters (default and ceiling 100000)
 
 ``SqlPolicy.check(text)`` returns a ``SqlVerdict`` (the SQL to forward: the original text,
@@ -29,18 +34,23 @@ its ``line`` and ``col``.
 Why each check exists is written in the module that does it (see /work/shared/PITFALLS.md,
 "sqlglot"). The package reads like sqlglot itself, text to tokens to trees to rules:
 
+``reading``     ``Reading``: what an authority's reading of a text says, for the policy
+``postgres``    PostgreSQL: pglast's parser tree walked for every check (the authority)
+``sqlite``      SQLite: the statement compiled in a schema-only database, its authorizer's list
+``sqlite_tokens`` SQLite's tokens, for the LIMIT only, confirmed by ``sqlite3_complete``
 ``limits``      the bounds on one call's work and on the caches
 ``options``     dialects, statement kinds, opt-in families, default functions
 ``names``       table, column and function names, normalised per dialect
 ``violations``  denial categories, violations, and the ``SqlDenied`` they become
 ``cache``       the bounded LRU map behind the parse and verdict caches
-``lexing``      the raw text and its tokens: measured, and refused where databases lex otherwise
-``parsing``     tokens to trees, once per (dialect, text), in a shared cache
+``lexing``      (MySQL) the raw text and sqlglot's tokens: measured, refused where MySQL lexes
+                otherwise
+``parsing``     (MySQL) tokens to sqlglot trees, once per (dialect, text), in a shared cache
 ``settings``    ``SqlSettings``: the one validator of a policy's settings, every problem named;
                 it resolves them to ``SqlRules``, what the rules read
 ``statement``   ``Statement``: one statement under check, what the rules read and record
 ``rules/``      one module per rule family: statements, functions, tables, columns, limit
-``driver``      the checks of one statement: a thin driver running ``rules/`` in order
+``driver``      (MySQL) the checks of one sqlglot statement, running ``rules/`` in order
 ``policy``      ``SqlPolicy`` (``SqlRules`` with ``check`` and the verdict cache), ``SqlVerdict``
 ``adapter``     ``SqlBodyCheck``: where the SQL is in a call
 ``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at

@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from gateway.checks.sql.adapter import SqlBodyCheck
-from gateway.checks.sql.limits import MAX_SQL_LENGTH
+from gateway.checks.sql.limits import DEFAULT_MAX_JOINS, MAX_SQL_LENGTH
 from gateway.checks.sql.options import DIALECTS, SqlFamily, SqlKind
 from gateway.checks.sql.policy import SqlPolicy
 from gateway.checks.sql.settings import SettingProblem, SqlSettings, SqlSettingsError
@@ -45,6 +45,9 @@ SQL_KEYS = (
     "add_limit",
     "allow",
     "max_length",
+    "max_joins",
+    "server_version",
+    "standard_conforming_strings",
 )
 
 
@@ -79,6 +82,22 @@ SQL_KEY_SCHEMA: dict[str, Any] = {
         "add_limit": {"type": "boolean", "description": "add LIMIT max_limit when absent"},
         "allow": _strings("constructs denied unless named", {"enum": [f.value for f in SqlFamily]}),
         "max_length": {"type": "integer", "minimum": 1, "description": "longest SQL text"},
+        "max_joins": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "joins per statement (default 3): each one multiplies the rows read",
+        },
+        "server_version": {
+            "type": "integer",
+            "description": "PostgreSQL: the server's major version (required; must be the "
+            "version whose parser capgate has installed)",
+        },
+        "standard_conforming_strings": {
+            "type": ["boolean", "string"],
+            "enum": [True, False, "on", "off"],
+            "description": "PostgreSQL: the server's setting; when not stated, string literals "
+            "with a backslash are refused",
+        },
     },
     "required": ["dialect", "tables"],
     "additionalProperties": False,
@@ -170,6 +189,9 @@ class _Reader:
             add_limit=self.boolean("add_limit"),
             allow=self.strings("allow", "a family to allow"),
             max_length=self.integer("max_length", MAX_SQL_LENGTH),
+            max_joins=self.integer("max_joins", DEFAULT_MAX_JOINS),
+            server_version=self.integer("server_version", None),
+            standard_conforming_strings=self.on_off("standard_conforming_strings"),
             unread=frozenset(self.unread),
         )
 
@@ -223,6 +245,19 @@ class _Reader:
         if value is None:
             self.unread.add(key)
         return bool(value)
+
+    def on_off(self, key: str) -> bool | None:
+        """A server setting: true/false, or PostgreSQL's on/off."""
+        if key not in self.m:
+            return None
+        node = self.m[key]
+        if isinstance(node.value, bool):
+            return bool(node.value)
+        if node.value in ("on", "off"):
+            return str(node.value) == "on"
+        node.fail(f"{node.where}: expected on or off, got {node.value!r}")
+        self.unread.add(key)
+        return None
 
     def read_schema(self) -> dict[str, list[str]] | None:
         m = self.m

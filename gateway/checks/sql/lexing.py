@@ -30,6 +30,9 @@ from gateway.checks.sql.limits import (
 from gateway.checks.sql.options import DIALECTS
 from gateway.checks.sql.violations import Denial, Refusal, at, position
 
+SQLGLOT_READS = ("mysql",)
+"""Dialects whose text sqlglot reads (PostgreSQL's parser and SQLite's compiler read theirs)."""
+
 DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
 
 # Lexical markers refused in the raw text, for every dialect (case-insensitive).
@@ -43,12 +46,16 @@ _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
 
 
-def raw_text_problems(text: str) -> None:
-    """Refuse a NUL, a text of nothing but whitespace, and the raw markers, before any lexing."""
+def raw_text_problems(text: str, dialect: str) -> None:
+    """Refuse a NUL, a text of nothing but whitespace, and, where sqlglot reads the text, the
+    raw markers, before any lexing. (The database's own reader needs no markers: a comment is a
+    comment to PostgreSQL and SQLite.)"""
     if "\x00" in text:
         raise Refusal.of(Denial.PARSE, "the SQL contains a NUL character", "\\x00")
     if not text.strip():
         raise Refusal.of(Denial.EMPTY, "the SQL is empty")
+    if dialect not in SQLGLOT_READS:
+        return
     lowered = text.lower()
     for marker, what in _RAW_MARKERS:
         offset = lowered.find(marker)

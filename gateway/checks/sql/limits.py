@@ -14,6 +14,15 @@ MAX_SUBSCRIPTS = 32
 """``[`` tokens: sqlglot parses chained subscripts in super-linear time (a[1]x1000: ~3 s)."""
 MAX_TREE_DEPTH = 600
 """Depth of the parsed tree (long AND/OR chains are left-deep)."""
+MAX_NODES = 20_000
+"""Nodes of the database parser's tree walked by one check (PostgreSQL)."""
+DEFAULT_MAX_JOINS = 3
+"""Joins per statement (FROM items beyond the first, in every query), unless max_joins says."""
+MAX_JOINS = 64
+"""Ceiling of ``max_joins`` (SQLite's own limit on tables in one join)."""
+CHECK_BACKSTOP_SECONDS = 0.25
+"""A check that takes longer is refused (sql_too_complex) and never cached, so a slow
+machine's stall is not remembered as a verdict."""
 PG_MAX_IDENTIFIER_BYTES = 63
 """PostgreSQL silently truncates longer identifiers; sqlglot does not."""
 

@@ -28,14 +28,14 @@ class SqlFamily(StrEnum):
     INTO = "into"  # SELECT ... INTO new_table / INTO @variable
     SYSTEM_CATALOGS = "system_catalogs"  # pg_catalog, information_schema, sqlite_master, mysql.*
     VARIABLES = "variables"  # MySQL @@system variables and @user := assignments
+    RECURSIVE = "recursive"  # WITH RECURSIVE: a query that generates its own rows
 
 
 DEFAULT_FUNCTIONS: frozenset[str] = frozenset(
     {
         # aggregates
-        "count", "sum", "avg", "min", "max", "string_agg", "array_agg", "group_concat",
-        "bool_and", "bool_or", "every", "stddev", "stddev_pop", "stddev_samp", "variance",
-        "var_pop", "var_samp", "total",
+        "count", "sum", "avg", "min", "max", "bool_and", "bool_or", "every", "stddev",
+        "stddev_pop", "stddev_samp", "variance", "var_pop", "var_samp", "total",
         # window functions
         "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile", "lag", "lead",
         "first_value", "last_value", "nth_value",
@@ -61,3 +61,13 @@ DEFAULT_FUNCTIONS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 """Function names allowed by default (as written in the SQL, lower case)."""
+
+ROW_PACKING: frozenset[str] = frozenset(
+    {
+        "string_agg", "array_agg", "group_concat", "json_agg", "jsonb_agg", "json_object_agg",
+        "jsonb_object_agg", "xmlagg", "json_group_array", "json_group_object", "listagg",
+        "json_arrayagg", "json_objectagg",
+    }
+)  # fmt: skip
+"""Functions (and PostgreSQL's ARRAY(subquery), named ``array_agg`` here) that pack many rows
+into one value, past any LIMIT: never in the default list; a rule lists the ones it allows."""

@@ -12,21 +12,25 @@ LIMIT is added to the text and the new text is parsed and checked again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
 from sqlglot import exp
 
-from gateway.checks.sql import parsing
+from gateway.checks.sql import parsing, postgres, sqlite
 from gateway.checks.sql.cache import Lru
 from gateway.checks.sql.driver import check_statement
 from gateway.checks.sql.lexing import raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
+    CHECK_BACKSTOP_SECONDS,
+    DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
+from gateway.checks.sql.reading import Reading
 from gateway.checks.sql.settings import SqlRules, SqlSettings
 from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
@@ -57,6 +61,7 @@ class SqlPolicy(SqlRules):
     _verdicts: Lru[str, SqlVerdict | Refusal] = field(
         default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
+    _scratch: sqlite.SqliteScratch | None = field(default=None, repr=False)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -76,6 +81,9 @@ class SqlPolicy(SqlRules):
         add_limit: bool = False,
         allow: Iterable[str] = (),
         max_length: int = MAX_SQL_LENGTH,
+        max_joins: int = DEFAULT_MAX_JOINS,
+        server_version: int | None = None,
+        standard_conforming_strings: bool | None = None,
         rule_id: str | None = None,
     ) -> SqlPolicy:
         """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
@@ -93,6 +101,9 @@ class SqlPolicy(SqlRules):
             add_limit=add_limit,
             allow=tuple(allow),
             max_length=max_length,
+            max_joins=max_joins,
+            server_version=server_version,
+            standard_conforming_strings=standard_conforming_strings,
         )
         return cls.from_settings(settings, rule_id=rule_id)
 
@@ -101,7 +112,8 @@ class SqlPolicy(SqlRules):
         """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
         rules = settings.resolve()
         values = {f.name: getattr(rules, f.name) for f in fields(SqlRules)}
-        return cls(**values, rule_id=rule_id)
+        scratch = sqlite.SqliteScratch(dict(rules.schema)) if rules.dialect == "sqlite" else None
+        return cls(**values, rule_id=rule_id, _scratch=scratch)
 
     # -- the check -------------------------------------------------------------------------------
 
@@ -117,15 +129,29 @@ class SqlPolicy(SqlRules):
                     raise hit.error(self.rule_id)
                 return hit
         result: SqlVerdict | Refusal
+        started = time.perf_counter()
         try:
             result = self._evaluate(text, rewrite=self.add_limit)
         except Refusal as refusal:
             result = refusal
         except RecursionError:
             result = Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked")
-        except Exception:  # fail closed: a bug or an unexpected input never allows the SQL
-            logger.warning("the SQL check failed unexpectedly; the SQL is denied", exc_info=True)
+        except Exception as exc:  # fail closed: a bug or an unexpected input never allows it
+            # Never the SQL, nor an exception's message or traceback (they may quote it).
+            logger.warning(
+                "the SQL check failed unexpectedly (%s); the SQL is denied", type(exc).__name__
+            )
             result = Refusal.of(Denial.UNCHECKED, "the SQL could not be checked")
+        if time.perf_counter() - started > CHECK_BACKSTOP_SECONDS:
+            # The wall-clock backstop: never remembered (a loaded machine's stall must not
+            # become the verdict for this text); what it would have allowed is refused.
+            if isinstance(result, Refusal):
+                raise result.error(self.rule_id)
+            raise Refusal.of(
+                Denial.COMPLEX,
+                f"the SQL took longer than {CHECK_BACKSTOP_SECONDS} s to check",
+                "time",
+            ).error(self.rule_id)
         if cacheable:
             self._verdicts.put(text, result, len(text))
         if isinstance(result, Refusal):
@@ -141,7 +167,40 @@ class SqlPolicy(SqlRules):
             raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
-        raw_text_problems(text)
+        raw_text_problems(text, self.dialect)
+        reading = self._read(text)
+        if reading.missing_limit:
+            if not rewrite or reading.statements != 1 or reading.end < 0:
+                detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
+                if rewrite and reading.statements == 1:
+                    detail += " (the text does not end in code, so none can be appended)"
+                raise Refusal.of(Denial.LIMIT, detail, "no limit")
+            # Append to the checked text (never regenerate it), then check the new text whole.
+            new_text = f"{text[: reading.end]} LIMIT {self.max_limit}"
+            checked = self._evaluate(new_text, rewrite=False)
+            return SqlVerdict(
+                sql=new_text,
+                kinds=checked.kinds,
+                tables=checked.tables,
+                columns=checked.columns,
+                rewritten=True,
+            )
+        return SqlVerdict(
+            sql=text,
+            kinds=tuple(sorted(reading.kinds)),
+            tables=tuple(sorted(reading.tables)),
+            columns=tuple(sorted(reading.columns)),
+        )
+
+    def _read(self, text: str) -> Reading:
+        """The authority's reading of ``text`` for this policy's dialect."""
+        if self._scratch is not None:
+            return sqlite.read(self, self._scratch, text)
+        if self.dialect == "postgres":
+            return postgres.read(self, text)
+        return self._read_sqlglot(text)
+
+    def _read_sqlglot(self, text: str) -> Reading:
         parsed = parsing.parse(self.dialect, text)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
@@ -156,34 +215,12 @@ class SqlPolicy(SqlRules):
                 f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
                 str(len(statements)),
             )
-        kinds: set[str] = set()
-        tables: set[str] = set()
-        columns: set[str] = set()
-        missing_limit = False
+        reading = Reading(statements=len(statements), end=parsed.last_end + 1)
         for root in statements:
             statement = Statement(self, parsed, text, root)
             if check_statement(statement):
-                missing_limit = True
-            kinds |= statement.kinds
-            tables |= statement.tables
-            columns |= statement.columns
-        if missing_limit:
-            if not rewrite or len(statements) != 1:
-                detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
-                raise Refusal.of(Denial.LIMIT, detail, "no limit")
-            # Append to the checked text (never regenerate it), then check the new text whole.
-            new_text = f"{text[: parsed.last_end + 1]} LIMIT {self.max_limit}"
-            checked = self._evaluate(new_text, rewrite=False)
-            return SqlVerdict(
-                sql=new_text,
-                kinds=checked.kinds,
-                tables=checked.tables,
-                columns=checked.columns,
-                rewritten=True,
-            )
-        return SqlVerdict(
-            sql=text,
-            kinds=tuple(sorted(kinds)),
-            tables=tuple(sorted(tables)),
-            columns=tuple(sorted(columns)),
-        )
+                reading.missing_limit = True
+            reading.kinds |= statement.kinds
+            reading.tables |= statement.tables
+            reading.columns |= statement.columns
+        return reading

@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.checks.sql.limits import MAX_LIMIT, MAX_SQL_LENGTH, MAX_STATEMENTS
+from gateway.checks.sql.limits import (
+    DEFAULT_MAX_JOINS,
+    MAX_JOINS,
+    MAX_LIMIT,
+    MAX_SQL_LENGTH,
+    MAX_STATEMENTS,
+)
 from gateway.checks.sql.names import (
     TableName,
     column_key,
@@ -29,6 +35,7 @@ from gateway.checks.sql.names import (
     parse_table_name,
 )
 from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, SqlKind
+from gateway.checks.sql.postgres import PARSER_MAJOR, PGLAST_VERSION
 
 _KINDS = tuple(k.value for k in SqlKind)
 _FAMILIES = tuple(f.value for f in SqlFamily)
@@ -85,6 +92,9 @@ class SqlRules:
     add_limit: bool = False
     allow: frozenset[SqlFamily] = frozenset()
     max_length: int = MAX_SQL_LENGTH
+    max_joins: int = DEFAULT_MAX_JOINS
+    server_version: int | None = None  # PostgreSQL: the server's major version
+    standard_conforming_strings: bool | None = None  # PostgreSQL: None when not stated
 
     def canonical(self, table: TableName) -> TableName:
         """``table`` as the rules name it: in ``default_schema`` when it names no schema."""
@@ -107,6 +117,9 @@ class SqlSettings:
     add_limit: bool = False
     allow: Sequence[str] = ()
     max_length: int = MAX_SQL_LENGTH
+    max_joins: int = DEFAULT_MAX_JOINS
+    server_version: int | None = None
+    standard_conforming_strings: bool | None = None
     unread: frozenset[str] = frozenset()
     """Keys a reader could not read in full (and has said why): their own checks are skipped,
     and settings with any such key are never valid."""
@@ -126,6 +139,7 @@ class SqlSettings:
         denied = self._deny_columns(dialect, default, allowed, columns, found)
         self._limits(found)
         functions = self._functions(found)
+        self._authority(dialect, allowed, columns, found)
         if found or self.unread:
             raise SqlSettingsError(found, self.unread)
         assert dialect is not None  # else a problem, or 'dialect' unread
@@ -143,6 +157,9 @@ class SqlSettings:
             add_limit=self.add_limit,
             allow=frozenset(families),
             max_length=self.max_length,
+            max_joins=self.max_joins,
+            server_version=self.server_version,
+            standard_conforming_strings=self.standard_conforming_strings,
         )
 
     # -- one setting (or a few that belong together) each; None: not judged -----------------
@@ -276,6 +293,62 @@ class SqlSettings:
             found.add("add_limit", "add_limit needs max_limit")
         if "max_length" not in self.unread:
             found.in_range("max_length", self.max_length, 1, MAX_SQL_LENGTH)
+        if "max_joins" not in self.unread:
+            found.in_range("max_joins", self.max_joins, 0, MAX_JOINS)
+
+    def _authority(
+        self,
+        dialect: str | None,
+        allowed: set[TableName],
+        columns: Mapping[TableName, frozenset[str]],
+        found: _Problems,
+    ) -> None:
+        """What the dialect's authority needs: SQLite compiles each statement against a
+        schema-only database, so it needs the columns of every table, and one statement."""
+        if dialect == "postgres":
+            self._server(found)
+        elif self.server_version is not None or self.standard_conforming_strings is not None:
+            key = (
+                "server_version"
+                if self.server_version is not None
+                else ("standard_conforming_strings")
+            )
+            found.add(key, "is a PostgreSQL setting (dialect: postgres)")
+        if dialect != "sqlite":
+            return
+        if self.schema is None and "schema" not in self.unread:
+            found.add(
+                "schema",
+                "a SQLite rule needs 'schema' (or 'schema_file'): the columns of every table in "
+                "'tables', which SQLite's own compiler checks each statement against",
+            )
+        elif "schema" not in self.unread:
+            for table in sorted(allowed - set(columns), key=str):
+                found.add("schema", f"the table {str(table)!r} of 'tables' has no columns here")
+            for table in sorted(set(columns), key=str):
+                if table.db not in ("", "main") or table.catalog:
+                    found.add("schema", f"{str(table)!r}: SQLite tables are named without a schema")
+        if self.max_statements != 1 and "max_statements" not in self.unread:
+            found.add("max_statements", "a SQLite rule allows one statement per call")
+
+    def _server(self, found: _Problems) -> None:
+        """The server's major version is the one whose parser is installed."""
+        if "server_version" in self.unread:
+            return
+        parser = f"PostgreSQL {PARSER_MAJOR}'s parser (pglast {PGLAST_VERSION})"
+        if self.server_version is None:
+            found.add(
+                "server_version",
+                f"a PostgreSQL rule states the server's major version (server_version: N); "
+                f"capgate reads SQL with {parser}",
+            )
+        elif self.server_version != PARSER_MAJOR:
+            found.add(
+                "server_version",
+                f"the server is PostgreSQL {self.server_version} but capgate reads SQL with "
+                f"{parser}: install the pglast major that embeds PostgreSQL "
+                f"{self.server_version}'s parser (see README, 'SQL checks')",
+            )
 
     def _functions(self, found: _Problems) -> set[str]:
         functions: set[str] = set()

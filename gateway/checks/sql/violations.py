@@ -9,7 +9,7 @@ from typing import Any
 from sqlglot import exp
 
 from gateway.checks.sql.limits import MAX_ERRORS
-from gateway.errors import SqlDenied
+from gateway.errors import SqlDenied, SqlTooComplex
 
 
 class Denial(StrEnum):
@@ -32,7 +32,12 @@ class Denial(StrEnum):
     COLUMN = "column"  # a denied column, reached in any way, or a column that cannot be told
     LIMIT = "limit"  # LIMIT missing, not a literal integer, or above max_limit
     UNCHECKED = "unchecked"  # the check itself failed: denied
+    COMPLEX = "complex"  # past the bounds on nodes, joins or check time (sql_too_complex)
+    RECURSIVE = "recursive"  # a recursive CTE, unless the rule allows them
 
+
+# Categories reported with reason sql_too_complex (a SqlDenied, status 403).
+_TOO_COMPLEX = frozenset({Denial.SIZE, Denial.DEPTH, Denial.COMPLEX})
 
 # Order in which violations of one statement are reported (errors[0] is the first).
 _PRIORITY = {
@@ -44,6 +49,7 @@ _PRIORITY = {
             Denial.INTO,
             Denial.LOCK,
             Denial.VARIABLE,
+            Denial.RECURSIVE,
             Denial.FUNCTION,
             Denial.CATALOG,
             Denial.TABLE,
@@ -87,18 +93,24 @@ class Refusal(Exception):
         detail = first.detail
         if len(self.violations) > 1:
             detail += f" (and {len(self.violations) - 1} more problem(s), listed in errors)"
-        return SqlDenied(
+        cls = SqlTooComplex if first.kind in _TOO_COMPLEX else SqlDenied
+        return cls(
             detail,
             rule=rule_id,
             errors=[v.as_dict() for v in self.violations[:MAX_ERRORS]],
         )
 
 
+def ranked(violations: list[Violation]) -> Refusal:
+    """A refusal listing every violation, the most important first, then in source order."""
+    violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
+    return Refusal(violations)
+
+
 def refuse_if_any(violations: list[Violation]) -> None:
     """Refuse with every violation found, the most important first, then in source order."""
     if violations:
-        violations.sort(key=lambda v: (_PRIORITY.get(v.kind, 99), v.order))
-        raise Refusal(violations)
+        raise ranked(violations)
 
 
 # --- where in the text ----------------------------------------------------------------------------

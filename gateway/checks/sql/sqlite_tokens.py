@@ -1,0 +1,213 @@
+"""SQLite's tokens, read by the rules SQLite's own tokenizer follows (``tokenize.c``).
+
+Used for two things only, each confirmed by SQLite itself (``sqlite3_complete``, through
+``sqlite3.complete_statement``) before it decides anything:
+
+- where the statement's last token ends, so an appended ``LIMIT`` lands after it, outside any
+  comment or string;
+- the trailing ``LIMIT`` clause of the outermost query (at bracket depth 0, at the end).
+
+Everything else about a SQLite statement (its tables, columns, functions, actions) comes from
+SQLite's compiler through the authorizer (``sqlite``), never from these tokens.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(Enum):
+    SPACE = "space"  # whitespace and comments
+    STRING = "string"  # '...' and x'...'
+    NAME = "name"  # keywords, identifiers (bare, "...", `...`, [...])
+    NUMBER = "number"
+    VARIABLE = "variable"  # ?, ?NNN, :name, @name, $name (TCL: $a::b(...)), #name
+    PUNCT = "punct"
+    ILLEGAL = "illegal"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: Kind
+    start: int
+    end: int  # exclusive
+    text: str
+    quoted: bool = False
+
+
+_SPACES = " \t\n\f\r"
+
+
+def _id_char(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c in "_$") or not c.isascii()
+
+
+def _id_start(c: str) -> bool:
+    return (c.isascii() and (c.isalpha() or c == "_")) or not c.isascii()
+
+
+def _quoted_end(text: str, i: int, quote: str) -> int:
+    """End (exclusive) of a quoted token starting at ``i``; -1 when unterminated."""
+    j = i + 1
+    n = len(text)
+    while j < n:
+        if text[j] == quote:
+            if quote != "]" and j + 1 < n and text[j + 1] == quote:
+                j += 2
+                continue
+            return j + 1
+        j += 1
+    return -1
+
+
+def _variable_end(text: str, i: int) -> tuple[int, bool]:
+    """The end of a variable token at ``i`` and whether it is legal (tokenize.c, CC_VARALPHA)."""
+    n = len(text)
+    j = i + 1
+    count = 0
+    while j < n:
+        c = text[j]
+        if _id_char(c):
+            count += 1
+            j += 1
+        elif c == "(" and count > 0:
+            j += 1
+            while j < n and text[j] not in _SPACES and text[j] != ")":
+                j += 1
+            if j < n and text[j] == ")":
+                return j + 1, True
+            return j, False
+        elif c == ":" and j + 1 < n and text[j + 1] == ":":
+            j += 2
+        else:
+            break
+    return j, count > 0
+
+
+def _number_end(text: str, i: int) -> int:
+    n = len(text)
+    j = i
+    if text.startswith(("0x", "0X"), i) and i + 2 < n and text[i + 2] in "0123456789abcdefABCDEF":
+        j = i + 2
+        while j < n and (text[j] in "0123456789abcdefABCDEF_"):
+            j += 1
+        return j
+    while j < n and (text[j].isascii() and text[j].isdigit() or text[j] == "_"):
+        j += 1
+    if j < n and text[j] == ".":
+        j += 1
+        while j < n and text[j].isascii() and text[j].isdigit():
+            j += 1
+    if j < n and text[j] in "eE":
+        k = j + 1
+        if k < n and text[k] in "+-":
+            k += 1
+        if k < n and text[k].isascii() and text[k].isdigit():
+            j = k
+            while j < n and text[j].isascii() and text[j].isdigit():
+                j += 1
+    while j < n and _id_char(text[j]):  # 12abc: one illegal token in SQLite
+        j += 1
+    return j
+
+
+_TWO_CHAR = ("||", "<=", ">=", "!=", "<>", "==", "<<", ">>", "->")
+
+
+def _space_at(text: str, i: int) -> Token | None:
+    """Whitespace or a comment starting at ``i``."""
+    n = len(text)
+    if text[i] in _SPACES:
+        j = i
+        while j < n and text[j] in _SPACES:
+            j += 1
+        return Token(Kind.SPACE, i, j, text[i:j])
+    if text.startswith("--", i):
+        j = text.find("\n", i)
+        j = n if j < 0 else j + 1
+        return Token(Kind.SPACE, i, j, text[i:j])
+    if text.startswith("/*", i) and i + 2 < n:  # at the very end: '/' then '*' (tokenize.c)
+        j = text.find("*/", i + 2)
+        j = n if j < 0 else j + 2
+        return Token(Kind.SPACE, i, j, text[i:j])
+    return None
+
+
+def _quoted_at(text: str, i: int) -> Token | None:
+    """A string, blob or quoted identifier starting at ``i``."""
+    n = len(text)
+    c = text[i]
+    if c in "'\"`[":
+        j = _quoted_end(text, i, "]" if c == "[" else c)
+        if j < 0:
+            return Token(Kind.ILLEGAL, i, n, text[i:])
+        kind = Kind.STRING if c == "'" else Kind.NAME
+        return Token(kind, i, j, text[i:j], quoted=c != "'")
+    if c in "xX" and i + 1 < n and text[i + 1] == "'":
+        j = _quoted_end(text, i + 1, "'")
+        if j < 0:
+            return Token(Kind.ILLEGAL, i, n, text[i:])
+        return Token(Kind.STRING, i, j, text[i:j])
+    return None
+
+
+def _token_at(text: str, i: int) -> Token:
+    """The one token starting at ``i`` (never empty)."""
+    found = _space_at(text, i) or _quoted_at(text, i)
+    if found is not None:
+        return found
+    n = len(text)
+    c = text[i]
+    if c == "?":
+        j = i + 1
+        while j < n and text[j].isascii() and text[j].isdigit():
+            j += 1
+        return Token(Kind.VARIABLE, i, j, text[i:j])
+    if c in "$@:#":
+        j, legal = _variable_end(text, i)
+        return Token(Kind.VARIABLE if legal else Kind.ILLEGAL, i, j, text[i:j])
+    if c.isascii() and c.isdigit() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
+        j = _number_end(text, i)
+        return Token(Kind.NUMBER, i, j, text[i:j])
+    if _id_start(c):
+        j = i + 1
+        while j < n and _id_char(text[j]):
+            j += 1
+        return Token(Kind.NAME, i, j, text[i:j])
+    if text.startswith("->>", i):
+        return Token(Kind.PUNCT, i, i + 3, "->>")
+    if text[i : i + 2] in _TWO_CHAR:
+        return Token(Kind.PUNCT, i, i + 2, text[i : i + 2])
+    return Token(Kind.PUNCT, i, i + 1, c)
+
+
+def tokens(text: str) -> list[Token]:
+    """Every token of ``text``, whitespace and comments included (as ``Kind.SPACE``)."""
+    out: list[Token] = []
+    i = 0
+    n = len(text)
+    while i < n:
+        token = _token_at(text, i)
+        out.append(token)
+        i = token.end
+    return out
+
+
+def code_tokens(text: str) -> list[Token]:
+    """The tokens SQLite compiles: no whitespace, no comments."""
+    return [t for t in tokens(text) if t.kind is not Kind.SPACE]
+
+
+def outside_comments_and_strings(text: str, offset: int) -> bool:
+    """SQLite's own word (``sqlite3_complete``) that ``offset`` is in code, not inside a
+    comment, a string or a quoted identifier: a ';' put there ends the statement."""
+    return sqlite3.complete_statement(text[:offset] + ";")
+
+
+def keyword(token: Token) -> str | None:
+    """The upper-case word of an unquoted name token, else None."""
+    if token.kind is Kind.NAME and not token.quoted:
+        return token.text.upper()
+    return None

@@ -60,6 +60,7 @@ class Reason(StrEnum):
     APPROVAL_TIMEOUT = "approval_timeout"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
+    CONCURRENCY_LIMITED = "concurrency_limited"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     REPLAY_MISS = "replay_miss"
@@ -309,6 +310,18 @@ class QuotaExhausted(Throttled):
     title = "Quota exhausted"
 
 
+class ConcurrencyLimited(Throttled):
+    """Raised when the agent already holds its share of a shared resource (connections to an
+    upstream, calls held for approval, workers for checks), or every slot is taken."""
+
+    reason = Reason.CONCURRENCY_LIMITED
+    title = "Too many calls in flight"
+
+    def __init__(self, detail: str, **kw: Any) -> None:
+        kw.setdefault("headers", {"Retry-After": "1"})
+        super().__init__(detail, **kw)
+
+
 class ApprovalTimeout(GatewayError):
     """Raised when nobody decided on a held call before the approval deadline."""
 
@@ -403,6 +416,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
+    Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
     Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,
     Reason.UPSTREAM_TIMEOUT: UpstreamTimeout,
     Reason.REPLAY_MISS: ReplayMiss,

@@ -1,0 +1,141 @@
+"""Per-agent shares of a shared resource: one agent can never take what the others need.
+
+A ``Shares`` has ``capacity`` slots in all (connections to an upstream, calls held for
+approval, workers for payload checks) and lets one agent hold at most ``per_agent`` of them
+at once. ``acquire(agent, wait)`` takes a slot, waiting up to ``wait`` seconds for one (0:
+not at all); past that it raises ``ConcurrencyLimited`` (429), naming whose share was full.
+Waiters are served in arrival order among those that can go: an agent at its share never
+holds up another agent that is under its own.
+
+Everything here runs on the event loop (no locks); the state is a count per agent holding
+slots (bounded by ``capacity``) and a queue of waiters (bounded by the callers' deadlines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.errors import ConcurrencyLimited
+
+
+@dataclass(slots=True)
+class _Waiter:
+    agent: str
+    future: asyncio.Future[None]
+
+
+class Shares:
+    """``capacity`` slots of one resource, at most ``per_agent`` of them to one agent."""
+
+    def __init__(self, what: str, capacity: int, per_agent: int) -> None:
+        if capacity < 1 or per_agent < 1:
+            raise ValueError("capacity and per_agent must be at least 1")
+        self.what = what
+        self.capacity = capacity
+        self.per_agent = min(per_agent, capacity)
+        self._held: dict[str, int] = {}
+        self._total = 0
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+
+    # -- observing ---------------------------------------------------------------------------
+
+    @property
+    def in_use(self) -> int:
+        return self._total
+
+    def held_by(self, agent: str) -> int:
+        return self._held.get(agent, 0)
+
+    def snapshot(self) -> dict[str, object]:
+        """For the health endpoint: totals and the agents at their share."""
+        return {
+            "capacity": self.capacity,
+            "per_agent": self.per_agent,
+            "in_use": self._total,
+            "waiting": len(self._waiters),
+            "agents_at_share": sorted(a for a, n in self._held.items() if n >= self.per_agent),
+        }
+
+    # -- taking and giving back ----------------------------------------------------------------
+
+    def _can_take(self, agent: str) -> bool:
+        return self._total < self.capacity and self._held.get(agent, 0) < self.per_agent
+
+    def _take(self, agent: str) -> None:
+        self._held[agent] = self._held.get(agent, 0) + 1
+        self._total += 1
+
+    def try_acquire(self, agent: str) -> bool:
+        """Take a slot now if the agent's share and the capacity allow; never waits. (A waiter
+        that could take a slot has already been given one: ``release`` hands them out.)"""
+        if self._can_take(agent):
+            self._take(agent)
+            return True
+        return False
+
+    def release(self, agent: str) -> None:
+        held = self._held.get(agent, 0)
+        if held <= 0:
+            raise RuntimeError(f"{self.what}: {agent!r} released a slot it did not hold")
+        if held == 1:
+            del self._held[agent]
+        else:
+            self._held[agent] = held - 1
+        self._total -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        """Hand freed slots to the first waiters that can take them (arrival order)."""
+        for waiter in list(self._waiters):
+            if self._total >= self.capacity:
+                return
+            if waiter.future.done():
+                self._waiters.remove(waiter)
+                continue
+            if self._held.get(waiter.agent, 0) < self.per_agent:
+                self._waiters.remove(waiter)
+                self._take(waiter.agent)  # taken on the waiter's behalf, before it runs
+                waiter.future.set_result(None)
+
+    async def acquire(self, agent: str, wait: float) -> None:
+        """Take a slot for ``agent``, waiting up to ``wait`` seconds; ``ConcurrencyLimited``
+        past that. A caller cancelled while waiting leaves nothing taken."""
+        if self.try_acquire(agent):
+            return
+        if wait <= 0:
+            raise self._refusal(agent)
+        waiter = _Waiter(agent, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(agent)  # granted in the same instant: give it back
+            else:
+                waiter.future.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise self._refusal(agent) from None
+
+    @contextlib.asynccontextmanager
+    async def slot(self, agent: str, wait: float) -> AsyncIterator[None]:
+        """``async with shares.slot(agent, wait):`` holds one slot for the block."""
+        await self.acquire(agent, wait)
+        try:
+            yield
+        finally:
+            self.release(agent)
+
+    def _refusal(self, agent: str) -> ConcurrencyLimited:
+        if self._held.get(agent, 0) >= self.per_agent:
+            return ConcurrencyLimited(
+                f"agent {agent!r} already holds its share of {self.what} "
+                f"({self.per_agent} at once); retry when one of its calls ends"
+            )
+        return ConcurrencyLimited(f"all {self.capacity} {self.what} are in use; retry shortly")

@@ -1,0 +1,92 @@
+"""Per-agent shares of a shared resource (``gateway/shares.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from gateway.errors import ConcurrencyLimited
+from gateway.shares import Shares
+
+
+async def test_an_agent_holds_at_most_its_share_and_others_still_get_slots() -> None:
+    shares = Shares("connections to up", capacity=4, per_agent=2)
+    await shares.acquire("a", 0)
+    await shares.acquire("a", 0)
+    with pytest.raises(ConcurrencyLimited, match="agent 'a' already holds its share") as info:
+        await shares.acquire("a", 0)
+    assert info.value.status == 429 and info.value.headers["Retry-After"] == "1"
+    await shares.acquire("b", 0)
+    await shares.acquire("b", 0)
+    with pytest.raises(ConcurrencyLimited):
+        await shares.acquire("c", 0)  # all four taken
+    assert shares.snapshot()["agents_at_share"] == ["a", "b"]
+
+
+async def test_a_waiter_gets_the_slot_its_agent_frees() -> None:
+    shares = Shares("workers", capacity=2, per_agent=1)
+    await shares.acquire("a", 0)
+    waiting = asyncio.create_task(shares.acquire("a", 5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    shares.release("a")
+    await asyncio.wait_for(waiting, 1)
+    assert shares.held_by("a") == 1 and shares.in_use == 1
+
+
+async def test_an_agent_at_its_share_never_holds_up_another_agent() -> None:
+    shares = Shares("workers", capacity=3, per_agent=2)
+    await shares.acquire("a", 0)
+    await shares.acquire("a", 0)
+    a_waits = [asyncio.create_task(shares.acquire("a", 5)) for _ in range(10)]
+    await asyncio.sleep(0)
+    await asyncio.wait_for(shares.acquire("b", 5), 1)  # free slot: b goes past a's queue
+    assert shares.held_by("b") == 1
+    with pytest.raises(ConcurrencyLimited, match="all 3 workers are in use"):
+        await shares.acquire("c", 0)
+    for task in a_waits:
+        task.cancel()
+    await asyncio.gather(*a_waits, return_exceptions=True)
+    assert shares.held_by("a") == 2 and shares.snapshot()["waiting"] == 0
+
+
+async def test_waiting_past_the_deadline_or_cancelled_leaves_nothing_taken() -> None:
+    shares = Shares("approval slots", capacity=1, per_agent=1)
+    await shares.acquire("a", 0)
+    with pytest.raises(ConcurrencyLimited):
+        await shares.acquire("b", 0.05)
+    task = asyncio.create_task(shares.acquire("b", 5))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    shares.release("a")
+    assert shares.in_use == 0 and shares.snapshot()["waiting"] == 0
+    with pytest.raises(RuntimeError):
+        shares.release("a")
+
+
+async def test_random_interleavings_keep_the_invariants() -> None:
+    """Capacity and shares are never exceeded; every slot comes back; nobody waits forever
+    while a slot they could take is free."""
+    rng = random.Random(7)
+    shares = Shares("slots", capacity=5, per_agent=2)
+    agents = ["a", "b", "c", "d"]
+    peak: dict[str, int] = {}
+
+    async def worker(agent: str) -> None:
+        for _ in range(30):
+            try:
+                async with shares.slot(agent, rng.choice([0, 0.001, 0.05])):
+                    assert shares.in_use <= shares.capacity
+                    assert shares.held_by(agent) <= shares.per_agent
+                    peak[agent] = max(peak.get(agent, 0), shares.held_by(agent))
+                    await asyncio.sleep(rng.random() / 500)
+            except ConcurrencyLimited:
+                pass
+
+    await asyncio.gather(*(worker(rng.choice(agents)) for _ in range(20)))
+    assert shares.in_use == 0 and shares.snapshot()["waiting"] == 0
+    assert max(peak.values()) == 2

@@ -41,6 +41,7 @@ from gateway.policy_file import PolicyError
 from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
+from gateway.shares import UpstreamShares
 from gateway.state import open_store
 from gateway.state.base import StateStore
 from gateway.telemetry import Telemetry
@@ -90,6 +91,7 @@ class Gateway:
     approvals: Approvals
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
+    upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
     pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +107,7 @@ class Gateway:
                 transport=self.transport,
                 mac=self.mac,
                 observers=self.observers,
+                upstream_shares=self.upstream_shares,
             )
         )
 

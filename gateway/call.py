@@ -94,6 +94,7 @@ class Call:
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     dispatched: bool = False  # dispatch: the call was handed to the transport
+    deadline: float | None = None  # dispatch: loop time by which the upstream exchange ends
     response: UpstreamResponse | None = None  # dispatch
     status: int | None = None  # respond: the status sent to the agent
     response_bytes: int = 0  # respond

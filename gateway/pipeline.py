@@ -28,6 +28,7 @@ from gateway.call import Call, CallObserver, CallProtocol
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, InternalError
 from gateway.inflight import InFlight
+from gateway.shares import UpstreamShares
 from gateway.stages.approve import Approve
 from gateway.stages.audit import Audit
 from gateway.stages.authenticate import Authenticate, RevocationCheck
@@ -64,6 +65,7 @@ class Services:
     transport: Transport
     mac: BodyMac
     observers: Sequence[CallObserver]
+    upstream_shares: UpstreamShares
 
 
 def new_request_id() -> str:
@@ -86,6 +88,7 @@ class Pipeline:
             Approve(services.approvals, services.inflight),
             Inject(services.credentials),
         )
+        self.upstream_shares = services.upstream_shares
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
         self.audit = Audit(services.mac, services.observers)
@@ -113,17 +116,10 @@ class Pipeline:
         task = asyncio.current_task()
         try:
             await self.decide(call)
-            if call.error is None:
-                self.inflight.add(call, task)
-                try:
-                    # A revocation that arrived since the token was checked still stops it.
-                    self.revocation(call)
-                    await self.dispatch(call)
-                except GatewayError as exc:
-                    call.error = exc
-                except Exception as exc:
-                    _deny_bug(call, exc)
-            return await self.respond(call)
+            if call.error is not None:
+                return await self.respond(call)
+            self.inflight.add(call, task)
+            return await self.forward(call)
         except asyncio.CancelledError:
             # A revocation cancels the calls in flight of the revoked token, agent or run;
             # the upstream connection was closed as the cancellation unwound the transport.
@@ -142,6 +138,32 @@ class Pipeline:
         finally:
             self.inflight.discard(call)
             self.audit(call)
+
+    async def forward(self, call: Call) -> web.StreamResponse:
+        """Send the allowed call and answer with the upstream's response, holding one of the
+        agent's share of calls in flight to that upstream from before it is sent until the
+        answer has been passed on (an agent at its share waits for one of its own calls,
+        never for other agents')."""
+        assert call.upstream is not None and call.claims is not None
+        up, agent = call.upstream, call.claims.agent
+        shares = self.upstream_shares.of(up.name, up.concurrency, up.per_agent)
+        try:
+            await shares.acquire(agent, wait=up.connect_timeout)
+        except GatewayError as exc:
+            call.error = exc
+            return await self.respond(call)
+        try:
+            try:
+                # A revocation that arrived since the token was checked still stops it.
+                self.revocation(call)
+                await self.dispatch(call)
+            except GatewayError as exc:
+                call.error = exc
+            except Exception as exc:
+                _deny_bug(call, exc)
+            return await self.respond(call)
+        finally:
+            shares.release(agent)
 
 
 def _deny_bug(call: Call, exc: Exception) -> None:

@@ -139,3 +139,26 @@ class Shares:
                 f"({self.per_agent} at once); retry when one of its calls ends"
             )
         return ConcurrencyLimited(f"all {self.capacity} {self.what} are in use; retry shortly")
+
+
+class UpstreamShares:
+    """The calls in flight to each upstream: one ``Shares`` per upstream (and per setting, so
+    a reload that changes ``concurrency`` or ``per_agent`` starts a fresh count while calls
+    under the old one finish against it)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, int, int], Shares] = {}
+
+    def of(self, name: str, concurrency: int, per_agent: int) -> Shares:
+        key = (name, concurrency, per_agent)
+        shares = self._by_key.get(key)
+        if shares is None:
+            if len(self._by_key) >= 1024:  # reloads with new settings: drop the idle ones
+                self._by_key = {k: s for k, s in self._by_key.items() if s.in_use}
+            shares = self._by_key[key] = Shares(
+                f"calls in flight to upstream {name!r}", concurrency, per_agent
+            )
+        return shares
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        return {name: s.snapshot() for (name, _, _), s in self._by_key.items() if s.in_use}

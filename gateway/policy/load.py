@@ -35,6 +35,7 @@ from gateway.policy_file import Node, PolicyError, read_document
 from gateway.target import UPSTREAM_NAME
 
 SUPPORTED_VERSIONS = (1,)
+DEFAULT_CONCURRENCY = 64
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 RULE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
@@ -147,20 +148,24 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
                 )
                 url = None
     kind = m["kind"].as_choice(("http", "mcp")) if "kind" in m else "http"
-    connect, read = 5.0, 30.0
+    connect, read, total = 5.0, 30.0, 60.0
     if "timeouts" in m:
         t = m["timeouts"].as_map(optional=spec.TIMEOUTS.optional)
         if t:
             connect = _positive(t, "connect", connect, "as_duration")
             read = _positive(t, "read", read, "as_duration")
+            total = _positive(t, "total", total, "as_duration")
     req_limit, resp_limit = 1024 * 1024, 16 * 1024 * 1024
+    concurrency, per_agent = DEFAULT_CONCURRENCY, None
     if "limits" in m:
         lim = m["limits"].as_map(optional=spec.LIMITS.optional)
         if lim:
-            if "request_body" in lim:
-                req_limit = _positive(lim, "request_body", req_limit, "as_size")
-            if "response_body" in lim:
-                resp_limit = _positive(lim, "response_body", resp_limit, "as_size")
+            req_limit = _positive(lim, "request_body", req_limit, "as_size")
+            resp_limit = _positive(lim, "response_body", resp_limit, "as_size")
+            if "concurrency" in lim:
+                concurrency = lim["concurrency"].as_int(minimum=1, maximum=4096) or concurrency
+            if "per_agent" in lim:
+                per_agent = lim["per_agent"].as_int(minimum=1, maximum=concurrency)
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
     batches, tool_refusals = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error")
     if url is None or kind is None or creds is None:
@@ -171,7 +176,10 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         kind=kind,
         connect_timeout=connect,
         read_timeout=read,
+        total_timeout=total,
         max_request_body=req_limit,
+        concurrency=concurrency,
+        per_agent=per_agent or max(1, concurrency // 4),
         max_response_body=resp_limit,
         credentials=creds,
         mcp_batches=batches,

@@ -47,9 +47,12 @@ class Upstream:
     kind: str = "http"  # http | mcp
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
+    total_timeout: float = 60.0  # the whole exchange, however the answer trickles
     max_request_body: int = 1024 * 1024
     max_response_body: int = 16 * 1024 * 1024
     credentials: Credentials = field(default_factory=Credentials)
+    concurrency: int = 64  # calls in flight to it at once, all agents
+    per_agent: int = 16  # ... and from one agent
     mcp_batches: bool = False  # MCP: the server takes JSON-RPC batches
     mcp_tool_refusals: str = "error"  # MCP: a refused tools/call is a JSON-RPC error | result
 

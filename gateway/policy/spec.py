@@ -82,14 +82,32 @@ TIMEOUTS = Section(
     (
         Key("connect", "to open a connection (default 5s)", DURATION),
         Key("read", "between two reads of the answer (default 30s)", DURATION),
+        Key(
+            "total",
+            "the whole upstream exchange: connecting, sending and the entire answer, however "
+            "it trickles (default 60s; beyond: upstream_timeout, or the stream is cut)",
+            DURATION,
+        ),
     ),
 )
 LIMITS = Section(
     "limits",
-    "Largest bodies, refused beyond (payload_too_large).",
+    "Largest bodies (payload_too_large beyond), and calls in flight to the upstream.",
     (
         Key("request_body", "largest request body (default 1MiB)", SIZE),
         Key("response_body", "largest response body (default 16MiB)", SIZE),
+        Key(
+            "concurrency",
+            "calls in flight to this upstream at once, all agents together (default 64)",
+            {"type": "integer", "minimum": 1, "maximum": 4096},
+        ),
+        Key(
+            "per_agent",
+            "calls in flight to this upstream at once from one agent (default: a quarter of "
+            "concurrency); beyond, a call waits up to the connect timeout for one of its "
+            "agent's calls to end, then concurrency_limited",
+            {"type": "integer", "minimum": 1, "maximum": 4096},
+        ),
     ),
 )
 CREDENTIALS = Section(

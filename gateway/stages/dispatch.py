@@ -2,11 +2,18 @@
 
 The body sent is the one the checks read (``call.body``) or none: validate refuses a body
 that no check of the rule takes, so no unchecked bytes are streamed past the gateway.
+
+The upstream exchange has one deadline (the upstream's ``timeouts.total``), set here and kept
+by ``respond`` while the answer streams: an upstream that trickles a byte at a time under its
+read timeout still cannot hold the call past it.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.call import Call
+from gateway.errors import UpstreamTimeout
 from gateway.transport import Transport, UpstreamRequest
 
 
@@ -31,5 +38,17 @@ class Dispatch:
             roles=call.claims.roles,
             caps=call.claims.caps,
         )
+        loop = asyncio.get_running_loop()
+        call.deadline = loop.time() + call.upstream.total_timeout
         call.dispatched = True
-        call.response = await self.transport.send(request)
+        deadline = asyncio.timeout_at(call.deadline)
+        try:
+            async with deadline:
+                call.response = await self.transport.send(request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the transport's own (connect or read) timeout, already explained
+            raise UpstreamTimeout(
+                f"upstream {call.upstream.name!r} did not answer within the call's deadline "
+                f"({call.upstream.total_timeout:g} s)"
+            ) from None

@@ -8,6 +8,7 @@ an upstream that echoes its request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from collections.abc import Set as AbstractSet
@@ -26,6 +27,7 @@ from gateway.errors import (
     PayloadTooLarge,
     TokenError,
     UpstreamError,
+    UpstreamTimeout,
 )
 from gateway.http_headers import HOP_BY_HOP, connection_named
 
@@ -118,9 +120,51 @@ def refusal(call: Call, err: GatewayError) -> web.Response:
     return response
 
 
+def _past_deadline(call: Call) -> UpstreamTimeout:
+    assert call.upstream is not None
+    return UpstreamTimeout(
+        f"upstream {call.upstream.name!r} did not finish its answer within the call's deadline "
+        f"({call.upstream.total_timeout:g} s)"
+    )
+
+
+async def _until_deadline(chunks: AsyncIterator[bytes], call: Call) -> AsyncIterator[bytes]:
+    """The chunks, as long as the call's deadline (set by dispatch) has not passed."""
+    if call.deadline is None:
+        async for chunk in chunks:
+            yield chunk
+        return
+    it = aiter(chunks)
+    while True:
+        deadline = asyncio.timeout_at(call.deadline)
+        try:
+            async with deadline:
+                chunk = await anext(it)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if deadline.expired():
+                raise _past_deadline(call) from None
+            raise
+        yield chunk
+
+
+async def _read_all(call: Call, upstream: UpstreamResponse) -> bytes:
+    if call.deadline is None:
+        return await upstream.read_all()
+    deadline = asyncio.timeout_at(call.deadline)
+    try:
+        async with deadline:
+            return await upstream.read_all()
+    except TimeoutError:
+        if deadline.expired():
+            raise _past_deadline(call) from None
+        raise
+
+
 async def _limited(chunks: AsyncIterator[bytes], call: Call, limit: int) -> AsyncIterator[bytes]:
     total = 0
-    async for chunk in chunks:
+    async for chunk in _until_deadline(chunks, call):
         total += len(chunk)
         if total > limit:
             raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
@@ -164,7 +208,7 @@ async def _respond_small(
 ) -> web.StreamResponse:
     """A small body of declared length: read whole, masked, sent in one write."""
     try:
-        body = await upstream.read_all()
+        body = await _read_all(call, upstream)
     except GatewayError as err:
         call.error = err
         return refusal(call, err)

@@ -57,7 +57,11 @@ class LiveResponse:
 
 
 class LiveTransport:
-    def __init__(self, *, limit: int = 256, limit_per_host: int = 64) -> None:
+    # The pool itself is not the bound: each upstream's ``limits.concurrency`` (and each
+    # agent's share of it) is, counted by the pipeline around every exchange. A pool limit
+    # here would be one queue shared by every upstream and agent: the starvation the shares
+    # prevent. So connections are bounded by the sum of the upstreams' concurrency.
+    def __init__(self, *, limit: int = 0, limit_per_host: int = 0) -> None:
         self._limit = limit
         self._limit_per_host = limit_per_host
         self._session: aiohttp.ClientSession | None = None

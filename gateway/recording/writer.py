@@ -4,6 +4,15 @@ Every record goes through ``RecordingWriter.append``, which redacts it (``redact
 its large bodies as blobs (``blobs.py``) and appends it as one line with a single ``write`` on an
 ``O_APPEND`` descriptor. The manifest lists the runs (``RunEntry``) and is replaced atomically.
 The directory format itself is described in ``format.py``.
+
+The manifest is an index, not the truth: everything it says can be rebuilt from the run files.
+So the work of one ``append`` never depends on how many runs the recording holds: the manifest
+is rewritten when the writer opens a directory that needs mending, at most every
+``MANIFEST_INTERVAL`` seconds while records arrive, and on ``write_manifest`` (the recorder
+calls it once when it stops). Each run's entry says how much of its file its counts cover
+(``size``); a writer that opens the directory again counts the records beyond that (a crash
+after the last rewrite), adds run files the manifest does not list, and forgets entries whose
+file is gone (``_mend``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from gateway import __version__
 from gateway.recording.blobs import BlobStore, encode_inline
 from gateway.recording.canonical import Form, canonical_body
 from gateway.recording.format import (
+    BLOBS_DIR,
     FORMAT,
     INLINE_LIMIT,
     MANIFEST,
@@ -35,7 +45,7 @@ from gateway.recording.format import (
     run_file_name,
 )
 from gateway.recording.model import BodyData, Exchange, Spilled
-from gateway.recording.reader import read_manifest, safe_member
+from gateway.recording.reader import classify, read_manifest, safe_member, tally_run_file
 from gateway.recording.redact import (
     DEFAULT_REDACTOR,
     STRUCTURED_LIMIT,
@@ -46,6 +56,11 @@ from gateway.recording.redact import (
 )
 
 log = logging.getLogger("capgate.recording")
+
+MANIFEST_INTERVAL = 60.0
+"""Seconds between two rewrites of the manifest while recording (it is also rewritten when the
+recorder stops). A rewrite costs time in proportion to the number of runs, so it is bounded by
+time, never done per call; a crash in between loses nothing: the next writer mends it."""
 
 
 @dataclass(slots=True)
@@ -61,6 +76,9 @@ class RunEntry:
     bytes: int = 0
     truncated: dict[str, Any] | None = None
     kept: str | None = None
+    size: int = -1  # length of the run file the counts cover; -1: unknown (count it all)
+    last_seq: int | None = None  # highest seq in the file, once this process knows it
+    checked: bool = False  # this process cut a torn last line off before appending
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -70,6 +88,7 @@ class RunEntry:
             "denials": self.denials,
             "errors": self.errors,
             "started": self.started,
+            "size": max(self.size, 0),
         }
         if self.truncated:
             out["truncated"] = self.truncated
@@ -90,7 +109,8 @@ class RecordingWriter:
     """Owns a recording directory while recording. Not for concurrent use by two processes.
 
     Opening a directory that already holds a recording of the current version appends to it
-    (new runs get new files; a run seen again continues its file and its ``seq``).
+    (new runs get new files; a run seen again continues its file and its ``seq``), after
+    mending its manifest from the run files (``_mend``).
     """
 
     def __init__(
@@ -99,19 +119,25 @@ class RecordingWriter:
         *,
         redactor: Redactor = DEFAULT_REDACTOR,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         spill_dir: Path | None = None,
+        manifest_interval: float = MANIFEST_INTERVAL,
     ) -> None:
         self.root = Path(directory)
         self.redactor = redactor
         self.wall = wall
+        self.clock = clock
         self.spill_dir = spill_dir
+        self.manifest_interval = manifest_interval
         self.blobs = BlobStore(self.root)
         self._lock = threading.Lock()
         self.runs: dict[str, RunEntry] = {}
         self.upstreams: dict[str, str] = {}
         self.sampling: dict[str, Any] | None = None
         self.created = iso_time(wall())
-        self._dirty = 0
+        self._dirty = False
+        self._written_at = clock()
+        self.manifest_writes = 0  # how often this writer replaced the manifest
         self._open()
 
     def _open(self) -> None:
@@ -123,6 +149,7 @@ class RecordingWriter:
             ) from exc
         manifest_path = self.root / MANIFEST
         if not manifest_path.exists():
+            self._mend()
             self.write_manifest()
             return
         manifest = read_manifest(self.root)
@@ -147,41 +174,121 @@ class RecordingWriter:
                     errors=int(item.get("errors", 0)),
                     truncated=item.get("truncated"),
                     kept=item.get("kept"),
+                    size=int(item.get("size", -1)),
                 )
                 self.runs[entry.run] = entry
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordingError(f"{where}: not a valid manifest entry ({exc!r})") from None
+        if self._mend():
+            self.write_manifest()
+
+    def _mend(self) -> bool:
+        """Bring the runs' entries in line with the run files on disk; True if any changed.
+
+        A recorder that was killed leaves a manifest from its last rewrite: runs it started
+        since are not listed, and the counts of the others stop where the rewrite was. Each
+        entry's ``size`` says how much of its file its counts cover, so only the records
+        beyond it are read (all of a file whose entry has no ``size``: older recordings).
+        """
+        changed = False
+        for entry in list(self.runs.values()):
+            if not (self.root / entry.file).is_file():
+                log.warning(
+                    "%s: run %r has no file %s; dropped from the manifest",
+                    self.root,
+                    entry.run,
+                    entry.file,
+                )
+                del self.runs[entry.run]
+                changed = True
+        listed = {entry.file: entry for entry in self.runs.values()}
+        with os.scandir(self.root / RUNS_DIR) as found:
+            names = sorted(d.name for d in found if d.name.endswith(".jsonl") and d.is_file())
+        for name in names:
+            rel = f"{RUNS_DIR}/{name}"
+            changed |= self._mend_run(rel, listed.get(rel))
+        with contextlib.suppress(OSError):  # blobs a killed recorder was writing
+            for tmp in (self.root / BLOBS_DIR / "tmp").glob("blob-*"):
+                tmp.unlink()
+        if changed:
+            log.warning(
+                "%s: the manifest did not match the run files (a recorder stopped "
+                "without finishing it); mended from the records",
+                self.root,
+            )
+        return changed
+
+    def _mend_run(self, rel: str, entry: RunEntry | None) -> bool:
+        path = self.root / rel
+        stat = path.stat()
+        if entry is not None and entry.size == stat.st_size:
+            return False
+        start = entry.size if entry is not None and 0 <= entry.size <= stat.st_size else 0
+        tally = tally_run_file(path, start)
+        if tally.start != start:  # the checkpoint was not at a line's end: count it all
+            start = 0
+        if entry is None:
+            if tally.run is None:
+                return False  # no complete record yet: nothing to list
+            if tally.run in self.runs:
+                log.warning(
+                    "%s: run %r also has file %s; that file is not listed",
+                    self.root,
+                    tally.run,
+                    rel,
+                )
+                return False
+            started = iso_time(max(stat.st_mtime - tally.last_t, 0.0))
+            entry = RunEntry(run=tally.run, file=rel, started=started)
+            self.runs[entry.run] = entry
+        before = (entry.calls, entry.denials, entry.errors, entry.size)
+        if start == 0:
+            entry.calls = entry.denials = entry.errors = 0
+        entry.calls += tally.calls
+        entry.denials += tally.denials
+        entry.errors += tally.errors
+        entry.size = tally.end  # a torn last line stays outside (it is not a record)
+        return (entry.calls, entry.denials, entry.errors, entry.size) != before
 
     # -- runs --------------------------------------------------------------------------------
 
     def ensure_run(self, run: str) -> RunEntry:
+        """The run's entry, created (with its empty file) when new. The first time this
+        process uses a run, a torn last line a crash left in its file is cut off, so the lines
+        appended now do not join it into one corrupt line."""
         with self._lock:
             entry = self.runs.get(run)
             if entry is None:
-                entry = RunEntry(run=run, file=run_file_name(run), started=iso_time(self.wall()))
+                entry = RunEntry(
+                    run=run, file=run_file_name(run), started=iso_time(self.wall()), size=0
+                )
+                path = self.root / entry.file
+                if path.exists():  # a file the manifest never listed (mended away as empty)
+                    self._repair_tail(path)
+                    entry.size = path.stat().st_size
+                else:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+                    entry.last_seq = 0
+                entry.checked = True
                 self.runs[run] = entry
-                # The file exists as soon as the manifest lists it, even before a record.
-                os.close(os.open(self.root / entry.file, os.O_WRONLY | os.O_CREAT, 0o600))
-                self._write_manifest_locked()
+                self._dirty = True
+            elif not entry.checked:
+                path = self.root / entry.file
+                self._repair_tail(path)
+                entry.checked = True
             return entry
 
     def last_seq(self, run: str) -> int:
-        """The highest ``seq`` already in a run's file (0 for a new run).
-
-        Called when a run starts in this process: a truncated last line left by a crash is
-        cut off first, so the lines appended now do not join it into one corrupt line.
-        """
-        entry = self.runs.get(run)
-        path = self.root / (entry.file if entry else run_file_name(run))
-        if not path.exists():
-            return 0
-        self._repair_tail(path)
-        last = 0
-        with path.open("rb") as fh:
-            for raw in fh:
-                with contextlib.suppress(ValueError, AttributeError, TypeError):
-                    last = max(last, int(json.loads(raw).get("seq", 0)))
-        return last
+        """The highest ``seq`` already in a run's file (0 for a new run); read once per run."""
+        entry = self.ensure_run(run)
+        if entry.last_seq is None:
+            last = 0
+            with (self.root / entry.file).open("rb") as fh:
+                for raw in fh:
+                    with contextlib.suppress(ValueError, AttributeError, TypeError):
+                        last = max(last, int(json.loads(raw).get("seq", 0)))
+            entry.last_seq = last
+        return entry.last_seq
 
     @staticmethod
     def _repair_tail(path: Path) -> None:
@@ -217,17 +324,16 @@ class RecordingWriter:
                     (self.root / entry.file).unlink()
             for ref in blobs:
                 self.blobs.remove(ref)
-            self._write_manifest_locked()
+            self._dirty = True
 
-    def note(self, run: str, *, write: bool = True, **fields: Any) -> None:
-        """Set manifest fields of a run (``truncated``, ``kept``); rewrite the manifest."""
+    def note(self, run: str, **fields: Any) -> None:
+        """Set manifest fields of a run (``truncated``, ``kept``); written with the manifest."""
         with self._lock:
             entry = self.runs.get(run)
             if entry is not None:
                 for k, v in fields.items():
                     setattr(entry, k, v)
-            if write:
-                self._write_manifest_locked()
+            self._dirty = True
 
     # -- the one path every record takes ------------------------------------------------------
 
@@ -247,16 +353,21 @@ class RecordingWriter:
                     view = view[n:]
             finally:
                 os.close(fd)
-            if ex.kind == "denial":
+            denial, error = classify(record)
+            if denial:
                 entry.denials += 1
             else:
                 entry.calls += 1
-            if ex.error is not None or (ex.response is not None and ex.response.status >= 500):
+            if error:
                 entry.errors += 1
+            if entry.size >= 0:
+                entry.size += len(line)
+            if entry.last_seq is not None:
+                entry.last_seq = max(entry.last_seq, ex.seq)
             size = len(line) + sum(self._blob_size(r) for r in created)
             entry.bytes += size
-            self._dirty += 1
-            if self._dirty >= 100:
+            self._dirty = True
+            if self.clock() - self._written_at >= self.manifest_interval:
                 self._write_manifest_locked()
         return Written(size, created)
 
@@ -270,7 +381,7 @@ class RecordingWriter:
         if name not in self.upstreams:
             with self._lock:
                 self.upstreams[name] = url
-                self._write_manifest_locked()
+                self._dirty = True
 
     def _body(
         self, data: BodyData | None, secrets: Sequence[KnownSecret], created: list[str]
@@ -392,7 +503,9 @@ class RecordingWriter:
             self._write_manifest_locked()
 
     def _write_manifest_locked(self) -> None:
-        self._dirty = 0
+        self._dirty = False
+        self._written_at = self.clock()
+        self.manifest_writes += 1
         text = json.dumps(self.manifest(), indent=2, ensure_ascii=False) + "\n"
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
         try:

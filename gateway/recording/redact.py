@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from gateway.credentials import labelled_forms
 
@@ -121,6 +122,43 @@ NOT_SENSITIVE_KEYS = frozenset(
 )
 """Keys that end like secrets but name pagination cursors or limits; left as they are."""
 
+URL_CREDENTIAL_PARAMS = frozenset(
+    {
+        "key",
+        "apikey",
+        "api_key",
+        "access_key",
+        "accesskey",
+        "access_token",
+        "token",
+        "auth",
+        "auth_token",
+        "authorization",
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "secret",
+        "client_secret",
+        "sig",
+        "signature",
+        "x_amz_signature",
+        "x_amz_credential",
+        "x_amz_security_token",
+        "x_goog_signature",
+        "x_goog_credential",
+        "session",
+        "sessionid",
+        "session_id",
+        "jsessionid",
+        "phpsessid",
+    }
+)
+"""Query parameters (normalised like keys) whose values are never written when they appear in
+a URL (``scheme://...``) anywhere in a body, header or reason: API keys (``key=`` is Google's),
+signed-URL signatures and credentials (S3, GCS, Azure SAS ``sig=``), session ids; and every name
+``is_sensitive_key`` accepts. The URL's userinfo (``https://user:pass@host``) goes too."""
+
 STRUCTURED_LIMIT = 16 * 1024 * 1024
 """Bodies up to this size are redacted whole, in memory, with JSON key redaction; larger
 ones are streamed through provenance and shape redaction in windows."""
@@ -153,6 +191,7 @@ SCANNERS: tuple[tuple[str, bytes], ...] = (
 )
 
 JSON_VALUE = "\x00json"  # the literal's name for values found under sensitive JSON keys
+_USERINFO = b"[redacted:userinfo]"
 
 _KIND_NAMES = {name: name.replace("_", "-") for name, _ in SCANNERS}
 
@@ -168,7 +207,27 @@ def is_sensitive_key(key: str) -> bool:
     return k in SENSITIVE_KEYS or k.endswith(SENSITIVE_KEY_SUFFIXES)
 
 
-_FORM_VALUE = re.compile(rb"=([^&\s\"';,<>]{1,4096})")
+# (A backslash is taken with the character after it, never before a quote: a value inside a
+# JSON string ends before its escaped closing quote, so the JSON stays valid.)
+_FORM_VALUE = re.compile(rb"=((?:[^&\s\"';,<>\\]|\\[^\"\s]){1,4096})")
+# A URL: a scheme, then "://" plain, JSON-escaped ("\/") or percent-encoded ("%3A%2F%2F").
+_URL = re.compile(
+    rb"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,30}(?::|%3[Aa])(?:/|\\/|%2[Ff]){2}"
+    rb"(?P<rest>[^\s\"'<>`]{1,8192})"
+)
+_AUTHORITY_END = re.compile(rb"[/\\?#]|%2[Ff]|%3[Ff]|%23")
+_USERINFO_END = re.compile(rb"@|%40")
+# One query parameter of a URL, its separators plain, percent-encoded or JSON-escaped.
+_URL_PARAM = re.compile(
+    rb"(?:[?&;]|%3[Ff]|%26|\\u0026)(?P<name>[A-Za-z0-9_.~%-]{1,80}?)(?:=|%3[Dd]|\\u003[dD])"
+    rb"(?P<value>(?:(?!%26|%23|\\u0026)(?:[^&#;\\]|\\[^\"])){1,4096})"
+)
+# An escape that can hide ASCII text from the byte scans: "\u0068" for "h", "\/" for "/".
+# (Escapes of other characters cannot hide a token shape; a known secret's own JSON form,
+# non-ASCII escaped, is one of its literals already.)
+_HIDING_ESCAPE = re.compile(rb"\\(?:u00[0-7][0-9A-Fa-f]|/)")
+# A JSON string literal; only those holding such an escape are decoded and checked.
+_JSON_STRING = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"')
 _KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _KEY_BEFORE = frozenset(b"?&; \t\r\n,")
 _COMPILED = tuple((name, re.compile(rx)) for name, rx in SCANNERS)
@@ -341,8 +400,58 @@ def _form_hits(data: bytes) -> Iterator[_Hit]:
         yield _Hit(eq + 1, 50, m.end(), k, m.end(), b"[redacted:key]", "sensitive-key")
 
 
-def _hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> list[_Hit]:
-    hits = [*_literal_hits(data, literals), *_shape_hits(data), *_form_hits(data)]
+def is_url_credential(name: bytes) -> bool:
+    """Whether a URL query parameter (raw, maybe percent-encoded) names a credential."""
+    key = normalise_key(unquote(name.decode("ascii", "replace")))
+    return key in URL_CREDENTIAL_PARAMS or is_sensitive_key(key)
+
+
+def _url_hits(data: bytes) -> Iterator[_Hit]:
+    """Userinfo and credential parameters of URLs (``scheme://user:pass@host/?key=...``)."""
+    for m in _URL.finditer(data):
+        rest, base = m.group("rest"), m.start("rest")
+        end = _AUTHORITY_END.search(rest)
+        authority_end = end.start() if end else len(rest)
+        at = [u.start() for u in _USERINFO_END.finditer(rest, 0, authority_end)]
+        if at and at[-1] > 0 and not rest.startswith(b"[redacted:"):
+            yield _Hit(base, 40, base + at[-1], base, base + at[-1], _USERINFO, "url-userinfo")
+        for p in _URL_PARAM.finditer(rest, authority_end):
+            value = p.group("value")
+            if value.startswith(b"[") or not is_url_credential(p.group("name")):
+                continue
+            start, stop = base + p.start("value"), base + p.end("value")
+            yield _Hit(start, 40, stop, base + p.start(), stop, b"[redacted:key]", "url-credential")
+
+
+def _escaped_hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> Iterator[_Hit]:
+    """JSON strings whose escapes (``\\u0068unter2``, ``https:\\/\\/``) hide a secret from
+    the byte scans: each is decoded, redacted as text, and written back as one JSON string."""
+    if not _HIDING_ESCAPE.search(data):
+        return
+    for m in _JSON_STRING.finditer(data):
+        token = m.group()
+        if not _HIDING_ESCAPE.search(token):
+            continue
+        try:
+            text = json.loads(token)
+        except ValueError:
+            continue
+        inner = text.encode("utf-8", "surrogatepass")
+        out, spans, _, applied = Redactor._apply(inner, literals, escapes=False)
+        if not spans:
+            continue
+        fixed = json.dumps(out.decode("utf-8", "surrogatepass")).encode()
+        yield _Hit(m.start(), 60, m.end(), m.start(), m.end(), fixed, applied[0].kind)
+
+
+def _hits(data: bytes, literals: Sequence[tuple[str, bytes]], escapes: bool = True) -> list[_Hit]:
+    hits = [
+        *_literal_hits(data, literals),
+        *_shape_hits(data),
+        *_form_hits(data),
+        *_url_hits(data),
+        *(_escaped_hits(data, literals) if escapes else ()),
+    ]
     hits.sort(key=lambda h: (h.rep_start, h.priority, -(h.rep_end - h.rep_start)))
     return hits
 
@@ -374,7 +483,10 @@ class Redactor:
 
     @staticmethod
     def _apply(
-        data: bytes, literals: Sequence[tuple[str, bytes]], final: bool = True
+        data: bytes,
+        literals: Sequence[tuple[str, bytes]],
+        final: bool = True,
+        escapes: bool = True,
     ) -> tuple[bytes, list[Span], int, list[_Hit]]:
         """Replace every hit, earliest first (ties: provenance, JSON keys, shapes, form keys).
 
@@ -382,7 +494,7 @@ class Redactor:
         the last ``OVERLAP`` bytes: more input could still extend it. Returns the output, the
         spans replaced, how much input was consumed, and the hits applied.
         """
-        hits = _hits(data, literals)
+        hits = _hits(data, literals, escapes)
         cut = len(data)
         if not final:
             cut = max(len(data) - OVERLAP, 0)
@@ -424,9 +536,10 @@ class Redactor:
             low = name.lower()
             if low in self.omit_headers:
                 continue
-            if secrets and self.text(name, secrets) != name:
-                # SECURITY: a header named after a credential (an upstream reflecting it) is
-                # not written; the gateway never passes such a header to the agent either.
+            if self._name_leaks(name, secrets):
+                # SECURITY: a header named after a credential (an upstream reflecting it), in
+                # any case, or whose name holds a token, is not written; the gateway never
+                # passes the first kind to the agent either.
                 continue
             carried = next(
                 (
@@ -445,6 +558,12 @@ class Redactor:
             else:
                 out.append((name, self.text(value, secrets)))
         return out
+
+    def _name_leaks(self, name: str, secrets: Sequence[KnownSecret]) -> bool:
+        if self.text(name, secrets) != name:
+            return True
+        low = name.lower().encode("utf-8", "surrogateescape")
+        return any(form.lower() in low for s in secrets for _, form in s.literals())
 
     def body(self, data: bytes, secrets: Sequence[KnownSecret] = ()) -> Redacted:
         """A whole body (up to ``STRUCTURED_LIMIT``): provenance, JSON keys, form keys, shapes."""

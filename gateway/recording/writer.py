@@ -24,7 +24,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +32,14 @@ from typing import IO, Any
 from gateway import __version__
 from gateway.recording.blobs import BlobStore, encode_inline
 from gateway.recording.canonical import Form, canonical_body
+from gateway.recording.codings import (
+    CodingError,
+    content_codings,
+    decode,
+    encode,
+    read_pieces,
+    sniff,
+)
 from gateway.recording.format import (
     BLOBS_DIR,
     FORMAT,
@@ -44,7 +52,7 @@ from gateway.recording.format import (
     iso_time,
     run_file_name,
 )
-from gateway.recording.model import BodyData, Exchange, Spilled
+from gateway.recording.model import BodyData, Exchange, ResponseData, Spilled
 from gateway.recording.reader import classify, read_manifest, safe_member, tally_run_file
 from gateway.recording.redact import (
     DEFAULT_REDACTOR,
@@ -422,6 +430,79 @@ class RecordingWriter:
             created.append(ref)
         return {"blob": ref, "size": size}, None, tuple(spans), ref[len("sha256/") :]
 
+    def _response_body(
+        self, resp: ResponseData, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, tuple[Span, ...] | None, str | None]:
+        """(body value, spans, why it was withheld) of a response body, decoded first when it
+        has a content coding (``codings.py``): redaction must see what the coding hides."""
+        data = resp.body
+        if data is None:
+            return None, (), None
+        codings = content_codings(resp.headers) or sniff(_head(data))
+        if not codings:
+            value, _, spans, _ = self._body(data, secrets, created)
+            return value, spans, None
+        try:
+            value, spans = self._coded_body(data, codings, secrets, created)
+            return value, spans, None
+        except CodingError as exc:
+            # SECURITY: bytes no scan can read are not kept: the body is left out.
+            log.warning("a %s response body was not recorded: %s", ",".join(codings), exc)
+            return None, (), f"{exc}; the body was not recorded"
+        finally:
+            if isinstance(data, Spilled):
+                with contextlib.suppress(OSError):
+                    data.path.unlink()
+
+    def _coded_body(
+        self,
+        data: BodyData,
+        codings: tuple[str, ...],
+        secrets: Sequence[KnownSecret],
+        created: list[str],
+    ) -> tuple[dict[str, Any], tuple[Span, ...] | None]:
+        """Decode, redact the decoded bytes; when redaction changed nothing, keep the bytes as
+        received (replayed byte for byte, chunks kept), else encode the redacted bytes again
+        with the same codings (``codings.encode``: fixed parameters) and keep those."""
+        spill = str(self.spill_dir) if self.spill_dir is not None else None
+        with tempfile.SpooledTemporaryFile(max_size=STRUCTURED_LIMIT, dir=spill) as plain:
+            for piece in decode(_pieces(data), codings):
+                plain.write(piece)
+            size = plain.tell()
+            plain.seek(0)
+            if size <= STRUCTURED_LIMIT:
+                red = self.redactor.body(plain.read(), secrets)
+                if not red.changed:
+                    return self._store(_pieces(data), created), ()
+                return self._store(encode([red.data], codings), created), None
+            with tempfile.TemporaryFile(dir=self.spill_dir) as redacted:
+                spans = self.redactor.stream(plain, redacted, secrets)
+                if not spans:
+                    return self._store(_pieces(data), created), ()
+                redacted.seek(0)
+                return self._store(encode(read_pieces(redacted.read), codings), created), None
+
+    def _store(self, pieces: Iterable[bytes], created: list[str]) -> dict[str, Any]:
+        """A body value for bytes already redacted: inline, or a blob beyond ``INLINE_LIMIT``."""
+        pieces = iter(pieces)
+        buf = bytearray()
+        for piece in pieces:
+            buf += piece
+            if len(buf) > INLINE_LIMIT:
+                break
+        else:
+            return encode_inline(bytes(buf))
+
+        def fill(dst: Any) -> None:
+            dst.write(bytes(buf))
+            for piece in pieces:
+                dst.write(piece)
+
+        ref, new, size, _ = self.blobs.put_stream(fill)
+        if new:
+            created.append(ref)
+        return {"blob": ref, "size": size}
+
     def _encode(self, ex: Exchange, created: list[str]) -> dict[str, Any]:
         r = self.redactor
         secrets = ex.secrets
@@ -460,13 +541,15 @@ class RecordingWriter:
         }
         if ex.response is not None:
             resp = ex.response
-            body_value, _, spans, _ = self._body(resp.body, secrets, created)
+            body_value, spans, withheld = self._response_body(resp, secrets, created)
             out: dict[str, Any] = {
                 "status": resp.status,
                 "reason": r.text(resp.reason, secrets),
                 "headers": [list(p) for p in r.headers(resp.headers, secrets)],
                 "body": body_value,
             }
+            if withheld is not None:
+                out["withheld"] = withheld
             chunks = _chunks_after_redaction(resp.chunks, spans)
             if len(chunks) > 1:
                 out["chunks"] = [{"t": round(t, 6), "size": n} for t, n in chunks]
@@ -521,6 +604,21 @@ class RecordingWriter:
         """A private temporary file for a body that outgrew memory (outside the recording)."""
         fd, name = tempfile.mkstemp(dir=self.spill_dir, prefix="capgate-spill-")
         return os.fdopen(fd, "w+b"), Path(name)
+
+
+def _head(data: BodyData) -> bytes:
+    if isinstance(data, bytes):
+        return data[:4]
+    with data.path.open("rb") as fh:
+        return fh.read(4)
+
+
+def _pieces(data: BodyData) -> Iterator[bytes]:
+    if isinstance(data, bytes):
+        yield data
+        return
+    with data.path.open("rb") as fh:
+        yield from read_pieces(fh.read)
 
 
 def _chunks_after_redaction(

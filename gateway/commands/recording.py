@@ -29,9 +29,9 @@ from typing import IO
 
 from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
+from gateway.recording.lint import lint
 from gateway.recording.matching import ReplayReport
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import lint
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
 READY_TIMEOUT = 30.0

@@ -23,9 +23,8 @@ Markers are plain text, so a redacted JSON body stays JSON, and redaction is a p
 of its input: the replay side redacts an incoming call the same way before computing its
 key, so a call whose body held a password still matches its recording.
 
-``lint(directory)`` re-reads every byte of a recording (manifest, run files, blobs, and the
-decoded form of base64 bodies) and reports whatever still looks secret, as ``Finding``s
-with file, line and kind; ``capgate recording lint`` fails on any.
+``lint.py`` checks a whole recording with this same redactor: whatever it would still change
+is a finding.
 
 Known limits, on purpose: a secret the gateway did not inject and that has no telling name
 or shape (a random string under an innocent key) cannot be recognised; values under
@@ -42,7 +41,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -580,7 +578,7 @@ class Redactor:
         extra: list[tuple[str, bytes]] = []
         non_string = False
         if is_json:
-            values, non_string = _sensitive_values(doc)
+            values, non_string = sensitive_values(doc)
             for v in values:
                 if any(s.value and s.value in v for s in secrets):
                     continue  # provenance names it better: [secret:<name>]
@@ -646,7 +644,7 @@ def _is_marker(value: Any) -> bool:
     )
 
 
-def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
+def sensitive_values(doc: Any) -> tuple[set[str], bool]:
     """String values under sensitive keys (at any depth below one), and whether any
     non-string scalar sits there too."""
     found: set[str] = set()
@@ -669,7 +667,7 @@ def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
 
 
 def _has_unredacted(doc: Any) -> bool:
-    values, non_string = _sensitive_values(doc)
+    values, non_string = sensitive_values(doc)
     return bool(values) or non_string
 
 
@@ -685,113 +683,3 @@ def _redact_doc(doc: Any, under: bool = False) -> Any:
     ):
         return doc if _is_marker(doc) else "[redacted:key]"
     return doc
-
-
-# --- lint ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """Something secret-looking left in a recording."""
-
-    file: str  # relative to the recording directory
-    line: int  # 1-based; 0 when not line-based
-    kind: str  # jwt, pem, aws-access-key, ..., sensitive-header, sensitive-key, known-secret
-    preview: str  # a masked hint of what was found, never the value
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.kind}: {self.preview}"
-
-
-def mask(value: bytes | str) -> str:
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    return f"{text[:4]}... ({len(text)} chars)" if len(text) > 8 else f"({len(text)} chars)"
-
-
-def _line_of(data: bytes, offset: int) -> int:
-    return data.count(b"\n", 0, offset) + 1
-
-
-def _scan_bytes(
-    rel: str, data: bytes, known: Sequence[KnownSecret], line: int | None = None
-) -> list[Finding]:
-    return [
-        Finding(rel, line if line is not None else _line_of(data, off), kind, mask(found))
-        for off, kind, found in DEFAULT_REDACTOR.scan(data, known)
-    ]
-
-
-def _walk_record(rel: str, line: int, record: Any, known: Sequence[KnownSecret]) -> list[Finding]:
-    """Structural checks of one run-file line: header markers, bodies decoded and scanned."""
-    findings: list[Finding] = []
-    if not isinstance(record, dict):
-        return findings
-    for part in ("request", "response"):
-        section = record.get(part)
-        if not isinstance(section, dict):
-            continue
-        for pair in section.get("headers") or ():
-            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str):
-                name, value = pair
-                if name.lower() in SENSITIVE_HEADERS and isinstance(value, str) and value:
-                    findings.append(
-                        Finding(rel, line, "sensitive-header", f"{name}: {mask(value)}")
-                    )
-        for key in ("body", "raw"):
-            body = section.get(key)
-            data: bytes | None = None
-            if isinstance(body, dict) and isinstance(body.get("base64"), str):
-                try:
-                    data = base64.b64decode(body["base64"], validate=True)
-                except ValueError:
-                    findings.append(Finding(rel, line, "corrupt-base64", f"{part}.{key}"))
-                    continue
-                findings.extend(_scan_bytes(rel, data, known, line))
-            elif isinstance(body, dict) and isinstance(body.get("text"), str):
-                data = body["text"].encode()
-            elif isinstance(body, str):
-                data = body.encode()
-            if data is not None and data.lstrip()[:1] in (b"{", b"["):
-                try:
-                    doc = json.loads(data)
-                except (ValueError, RecursionError):
-                    continue
-                values, non_string = _sensitive_values(doc)
-                if values or non_string:
-                    findings.append(Finding(rel, line, "sensitive-key", f"{part}.{key}"))
-    return findings
-
-
-def lint(directory: str | Path, known: Iterable[str] = ()) -> list[Finding]:
-    """Every byte of a recording checked for anything secret-looking.
-
-    ``known`` are exact values that must not appear (a test passes the workspace's
-    secrets). Files are read whole one at a time; blobs are scanned as bytes.
-    """
-    root = Path(directory)
-    secrets = [KnownSecret(name="known", value=v) for v in known if v]
-    findings: list[Finding] = []
-    if not root.is_dir():
-        return [Finding(str(root), 0, "not-a-recording", "not a directory")]
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            findings.append(Finding(rel, 0, "unreadable", exc.strerror or "cannot read"))
-            continue
-        findings.extend(_scan_bytes(rel, data, secrets))
-        if rel.endswith(".jsonl"):
-            lines = data.split(b"\n")
-            for i, raw in enumerate(lines, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    last = i == len(lines) and not data.endswith(b"\n")
-                    kind = "truncated-line" if last else "corrupt-line"
-                    findings.append(Finding(rel, i, kind, "not a complete JSON line"))
-                    continue
-                findings.extend(_walk_record(rel, i, record, secrets))
-    return findings

@@ -11,13 +11,13 @@ import pytest
 
 from gateway.credentials import Injection, Secret
 from gateway.recording.format import INLINE_LIMIT
+from gateway.recording.lint import lint
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import (
     OVERLAP,
     WINDOW,
     KnownSecret,
     Redactor,
-    lint,
     remap_offsets,
 )
 from tests.recording.helpers import exchange, write

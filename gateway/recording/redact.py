@@ -1,7 +1,7 @@
 """Redaction: what never reaches a recording, decided in one place.
 
 Every record passes through ``RecordingWriter.append`` (``writer.py``), which calls the one
-``Redactor`` below on every header, body and target before a byte is written. Three layers,
+``Redactor`` below on every header, body and target before a byte is written. Four layers,
 applied in a single pass over each value:
 
 1. **Provenance.** The credential the gateway injected into this call is known exactly (the
@@ -18,6 +18,14 @@ applied in a single pass over each value:
 3. **Shapes.** ``SCANNERS`` find token-like values anywhere (JWTs, PEM private keys, cloud
    and SaaS keys, high-entropy ``Bearer``/``Basic`` credentials) and replace them with
    ``[redacted:<kind>]``.
+4. **URLs.** In a URL (``scheme://``, also JSON-escaped or percent-encoded) the userinfo
+   becomes ``[redacted:userinfo]`` and the value of a parameter in ``URL_CREDENTIAL_PARAMS``
+   (or any sensitive key) ``[redacted:key]``.
+
+A JSON string whose escapes hide ASCII from these byte scans (``"\\u0068unter2"``) is decoded,
+redacted as text and written back as one JSON string. A header whose name holds the injected
+credential (in any case) or a token shape is not written. Coded bodies are decoded before any
+of this (``codings.py``, ``RecordingWriter._coded_body``).
 
 Markers are plain text, so a redacted JSON body stays JSON, and redaction is a pure function
 of its input: the replay side redacts an incoming call the same way before computing its
@@ -455,7 +463,7 @@ def _hits(data: bytes, literals: Sequence[tuple[str, bytes]], escapes: bool = Tr
 
 
 class Redactor:
-    """The three layers of redaction over headers, bodies and targets (see module docstring)."""
+    """The four layers of redaction over headers, bodies and targets (see module docstring)."""
 
     def __init__(
         self,

@@ -11,7 +11,11 @@ through ``observe_denial`` and are recorded as denials.
 
 Runs. Records are grouped by the token's ``run`` claim (``"default"`` without one). A run
 ends on ``end_run(run)``, after ``idle_end`` seconds without calls, or when the transport
-closes. With ``sample`` set, an ended run is kept only if it saw a denial, an upstream error
+closes. Open runs are kept least recently active first, so a call's sweep for idle runs looks
+at those only; ending a run changes the manifest in memory, and ``close()`` writes it once
+after ending them all: nothing a call does costs in proportion to the number of runs.
+
+With ``sample`` set, an ended run is kept only if it saw a denial, an upstream error
 (a 5xx answer or a transport error, timeouts included) or its id hashes into the ``sample``
 fraction (``keep_fraction``: the same run id always gets the same answer); the files of a run
 not kept are deleted. ``RunLimits`` caps the calls and bytes written per run; calls beyond

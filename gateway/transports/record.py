@@ -39,6 +39,7 @@ from typing import IO, TYPE_CHECKING
 from multidict import CIMultiDict
 
 from gateway.errors import GatewayError
+from gateway.recording.codings import content_codings, sniff
 from gateway.recording.format import INLINE_LIMIT, RecordingError, parse_iso_time, run_id
 from gateway.recording.model import BodyData, Decision, ErrorInfo, Exchange, ResponseData, Spilled
 from gateway.recording.redact import DEFAULT_REDACTOR, KnownSecret, Redactor
@@ -576,7 +577,16 @@ class RecordTransport:
 
 
 def _large(ex: Exchange) -> bool:
+    """Whether writing ``ex`` may take long enough to leave the event loop for a thread: a
+    large body, or a coded one (a few KiB of gzip may inflate to ``DECODE_LIMIT``)."""
     bodies = (ex.request_body, ex.response.body if ex.response else None)
-    return any(
+    if any(
         isinstance(b, Spilled) or (isinstance(b, bytes) and len(b) > INLINE_LIMIT) for b in bodies
+    ):
+        return True
+    resp = ex.response
+    if resp is None or not resp.body:
+        return False
+    return bool(content_codings(resp.headers)) or (
+        isinstance(resp.body, bytes) and bool(sniff(resp.body[:4]))
     )

@@ -202,3 +202,26 @@ async def test_replay_sends_the_stored_bytes_of_a_coded_body(tmp_path: Path) -> 
     first = await drain(await ReplayTransport(tmp_path / "rec").send(req))
     again = await drain(await ReplayTransport(tmp_path / "rec").send(req))
     assert first == again == stored
+
+
+async def test_a_coded_body_is_written_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few KiB of gzip may inflate to 256 MiB: decoding it must not stall other calls."""
+    import asyncio
+
+    threaded: list[str] = []
+    real = asyncio.to_thread
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        threaded.append(getattr(fn, "__name__", "?"))
+        return await real(fn, *args)
+
+    monkeypatch.setattr("gateway.transports.record.asyncio.to_thread", spy)
+    bomb = gzip.compress(b"\0" * 1_000_000)
+    for headers in ({"Content-Encoding": "gzip"}, {"Content-Type": "application/gzip"}):
+        live = FakeLive(FakeResponse(chunks=[bomb], headers=CIMultiDict(headers)))
+        rec = RecordTransport(live, tmp_path / "rec")
+        await drain(await rec.send(request(mini_policy(), "ping", "GET", "/ping", run="r1")))
+        await rec.close()
+    assert threaded == ["append", "append"]

@@ -761,7 +761,7 @@ def _leaks(directory: Path, secret: str) -> list[str]:
 
 
 async def test_recording_redacts_a_secret_echoed_in_the_reason_phrase(hostile: Any) -> None:
-    """CG-2026-10 (reason phrase): ``HTTP/1.1 200 OK <injected key>`` went into the
+    """Recording leak (reason phrase): ``HTTP/1.1 200 OK <injected key>`` went into the
     recording's ``response.reason`` as sent, and ``capgate recording lint`` said ok."""
     rec, status = await hostile("reason")
     assert status == 200 and _leaks(rec, UP_KEY) == []
@@ -770,7 +770,7 @@ async def test_recording_redacts_a_secret_echoed_in_the_reason_phrase(hostile: A
 
 
 async def test_recording_redacts_a_secret_in_a_response_header_name(hostile: Any) -> None:
-    """CG-2026-11 (header name): ``X-Seen-<key>: 1`` kept the key as a header name; one
+    """Recording leak (header name): ``X-Seen-<key>: 1`` kept the key as a header name; one
     lower-cased on the way (``x-seen-<key in lower case>``) matched no case-sensitive check."""
     rec, status = await hostile("header-name")
     assert status == 200 and _leaks(rec, UP_KEY) == []
@@ -781,8 +781,8 @@ async def test_recording_redacts_a_secret_in_a_response_header_name(hostile: Any
 
 @pytest.mark.parametrize("kind", ["gzip", "gzip-unlabelled"])
 async def test_recording_redacts_a_secret_inside_a_compressed_body(hostile: Any, kind: str) -> None:
-    """CG-2026-12 (gzip body): a gzip body (``Content-Encoding: identity`` then ``gzip``, or
-    gzip bytes as ``application/gzip``) was stored compressed, where no scan saw the key.
+    """Recording leak (gzip body): a gzip body (``Content-Encoding: identity`` then ``gzip``,
+    or gzip bytes as ``application/gzip``) was stored compressed, where no scan saw the key.
     Now it is decoded, redacted and encoded again, and replay sends those stored bytes."""
     rec, status = await hostile(kind)
     assert status == 200 and _leaks(rec, UP_KEY) == []
@@ -795,8 +795,8 @@ async def test_recording_redacts_a_secret_inside_a_compressed_body(hostile: Any,
 
 
 async def test_recording_redacts_password_echoed_inside_json_string(hostile: Any) -> None:
-    """CG-2026-13 (JSON escapes): ``{"msg": "login as admin:\\u0048unter2... failed"}`` hid the
-    key from every byte scan behind one JSON escape."""
+    """Recording leak (JSON escapes): ``{"msg": "login as admin:\\u0048unter2... failed"}``
+    hid the key from every byte scan behind one JSON escape."""
     rec, status = await hostile("json-escaped")
     assert status == 200 and _leaks(rec, UP_KEY) == []
     [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
@@ -805,7 +805,7 @@ async def test_recording_redacts_password_echoed_inside_json_string(hostile: Any
 
 
 async def test_recording_redacts_credentials_inside_urls(hostile: Any) -> None:
-    """CG-2026-14 (URLs): URL userinfo (``https://user:pass@host/``) and credential query
+    """Recording leak (URLs): URL userinfo (``https://user:pass@host/``) and credential query
     parameters (``?api_key=``, ``sig=``, ``key=``) in a body or a ``Location`` header were
     kept when the value was not the injected key."""
     rec, status = await hostile("url")
@@ -821,7 +821,7 @@ async def test_recording_redacts_credentials_inside_urls(hostile: Any) -> None:
 def test_recording_lint_finds_secrets_in_every_channel(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """CG-2026-15 (lint): ``capgate recording lint`` said ok on recordings holding a key in
+    """Recording lint: ``capgate recording lint`` said ok on recordings holding a key in
     a reason phrase, a header name, a gzip body, a JSON-escaped string and a URL. It now reads
     every place of every record, decodes bodies and values, and exits 1, one line each."""
     from gateway.commands.recording import cmd_recording_lint
@@ -859,8 +859,8 @@ def test_recording_lint_finds_secrets_in_every_channel(
 
 
 async def test_recording_cost_per_call_does_not_grow_with_runs(tmp_path: Path) -> None:
-    """CG-2026-16 (record mode slows down): 166 -> 64 calls/s over 1,000 runs. The manifest
-    (O(runs) to write) was rewritten on every new run and every 100 records, and every call
+    """Recording at scale (record mode slows down): 166 -> 64 calls/s over 1,000 runs. The
+    manifest (O(runs) to write) was rewritten on every new run and every 100 records, and every call
     swept every open run. The gateway code a run's calls execute is now the same for the
     1,000th run as for the 5th (a count of calls and lines executed, not a timing; the
     figures are in ``bench/record_bench.py``)."""
@@ -884,8 +884,8 @@ async def test_recording_cost_per_call_does_not_grow_with_runs(tmp_path: Path) -
 
 
 async def test_recording_shutdown_with_many_runs_open_is_bounded(tmp_path: Path) -> None:
-    """CG-2026-17 (slow SIGTERM): stopping with 1,000 runs open took over 20 s: each run's end
-    rewrote the whole manifest. Now the runs end, then the manifest is written once."""
+    """Recording at scale (slow SIGTERM): stopping with 1,000 runs open took over 20 s: each
+    run's end rewrote the whole manifest. Now the runs end, then the manifest is written once."""
     from gateway.transports.record import RecordTransport
     from tests.recording.helpers import FakeLive, FakeResponse, drain, mini_policy, request
     from tests.recording.test_durability import Ticks
@@ -903,8 +903,8 @@ async def test_recording_shutdown_with_many_runs_open_is_bounded(tmp_path: Path)
 def test_recording_manifest_counts_are_right_after_kill_9(
     workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
 ) -> None:
-    """CG-2026-18 (manifest after a crash): after ``kill -9`` of ``capgate serve --record``
-    the manifest's counts stayed wrong for good. Now every run file's records are counted
+    """Recording after a crash: after ``kill -9`` of ``capgate serve --record`` the
+    manifest's counts stayed wrong for good. Now every run file's records are counted
     (``capgate recording verify`` says what differs; ``--repair``, or the next recorder on the
     directory, mends it). ``tests/e2e/test_record_crash.py`` restarts and stops it too."""
     import subprocess

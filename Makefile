@@ -43,6 +43,7 @@ conformance: $(STAMP) $(CONFORMANCE_STAMP)
 ## Throughput and latency: direct call vs bare proxy vs capgate, as ratios in one run.
 bench: $(STAMP)
 	$(BIN)/python -m bench.sql_bench
+	$(BIN)/python -m bench.record_bench
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP)

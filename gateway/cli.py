@@ -10,7 +10,8 @@
     capgate policy schema
     capgate audit verify FILE
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
-    capgate recording lint DIR | export-har DIR [--out FILE] | import-har HAR DIR --map URL=UP
+    capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
+    capgate recording import-har HAR DIR --map URL=UP
     capgate replay DIR [serve options] -- COMMAND ...
     capgate approvals list | approve ID | deny ID --admin URL --token-file FILE
 
@@ -150,10 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 0 even if allowed calls become denied",
     )
 
-    rec = sub.add_parser("recording", help="recordings: lint, HAR export and import")
+    rec = sub.add_parser("recording", help="recordings: lint, verify, HAR export and import")
     rsub = rec.add_subparsers(dest="recording_command", required=True, parser_class=_Parser)
     rl = rsub.add_parser("lint", help="fail on anything secret-looking left in a recording")
     rl.add_argument("directory", type=Path)
+    rv = rsub.add_parser("verify", help="check the manifest's counts against the records")
+    rv.add_argument("directory", type=Path)
+    rv.add_argument(
+        "--repair", action="store_true", help="mend the manifest from the records (and torn lines)"
+    )
     rx = rsub.add_parser("export-har", help="write a recording as HAR 1.2")
     rx.add_argument("directory", type=Path)
     rx.add_argument("--out", type=Path, help="file to write (default: stdout)")
@@ -358,6 +364,8 @@ def cmd_recording(args: argparse.Namespace) -> int:
 
     if args.recording_command == "lint":
         return commands.cmd_recording_lint(args.directory)
+    if args.recording_command == "verify":
+        return commands.cmd_recording_verify(args.directory, repair=args.repair)
     if args.recording_command == "export-har":
         return commands.cmd_export_har(args.directory, args.out)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import hashlib
 import json
 import logging
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.app import build_gateway
 from gateway.config import load_settings
@@ -737,3 +740,297 @@ async def test_a_validly_signed_token_for_an_undeclared_agent_is_refused(
         headers={"Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'])}"},
     )
     assert resp.status == 200
+
+
+# --- recordings: what an upstream echoes, and the recorder at scale --------------------------
+
+UP_KEY = "Hunter2-Xy7Q9pLm4Rt"  # the per-agent credential the gateway injects (X-Api-Key)
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a JSON string body would carry it with its first letter escaped."""
+    return f"\\u{ord(text[0]):04x}" + text[1:]
+
+
+async def _hostile(request: web.Request) -> web.Response:
+    """An upstream that hands the X-Api-Key it got back in every channel but the obvious."""
+    key = request.headers.get("X-Api-Key", "")
+    kind = request.match_info["kind"]
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    body = b"{}"
+    reason = "OK"
+    if kind == "reason":
+        reason = f"OK {key}"
+    elif kind == "header-name":
+        headers.add(f"x-seen-{key.lower()}", "1")  # as an HTTP/2 hop would lower-case it
+        headers.add(f"X-Seen-{key}", "1")
+    elif kind in ("gzip", "gzip-unlabelled"):
+        body = gzip.compress(json.dumps({"echo": key, "msg": f"login as admin:{key}"}).encode())
+        if kind == "gzip":  # declared after an identity coding: a check of the first passes
+            headers.add("Content-Encoding", "identity")
+            headers.add("Content-Encoding", "gzip")
+        else:
+            headers["Content-Type"] = "application/gzip"
+    elif kind == "json-escaped":
+        body = ('{"msg": "login as admin:' + _escaped(key) + ' failed"}').encode()
+    elif kind == "url":
+        headers["Location"] = f"https://h.example/cb?access_token={key}&sig=c2lnbmF0dXJl"
+        body = json.dumps(
+            {
+                "next": f"https://agent:{key}@internal.example/x",
+                "cb": f"https://h.example/cb?api_key={key}",
+                "db": "https://admin:s3cr3t-pw@db.internal/?sig=abc&key=AKIAXX",
+            }
+        ).encode()
+    return web.Response(body=body, reason=reason, headers=headers)
+
+
+@pytest.fixture
+async def hostile(
+    aiohttp_server: Any, serve_gateway: Any, workspace: Workspace, tmp_path: Path
+) -> Any:
+    """A gateway recording calls to the hostile upstream into tmp_path/rec."""
+    app = web.Application()
+    app.router.add_get("/{kind}", _hostile)
+    server = await aiohttp_server(app)
+    policy = tmp_path / "hostile.yaml"
+    policy.write_text(
+        "version: 1\nupstreams:\n"
+        f'  up: {{url: "http://127.0.0.1:{server.port}",'
+        ' credentials: {type: header, header: X-Api-Key, secret: "env:UP_KEY"}}\n'
+        'agents: {"*": [r]}\nroles:\n  r:\n    rules:\n'
+        "      - {id: any, upstream: up, allow: 'GET /{kind}'}\n"
+    )
+    rec = tmp_path / "rec"
+    settings = load_settings(
+        {
+            "policy": str(policy),
+            "jwks": str(workspace.jwks),
+            "audit": "-",
+            "mode": "record",
+            "recordings": str(rec),
+        },
+        {},
+    )
+    gw = build_gateway(settings, {**workspace.environ(), "UP_KEY": UP_KEY})
+    client = await serve_gateway(gw)
+    auth = {"Authorization": f"Bearer {workspace.token('a1', ['r'], run='r1')}"}
+
+    async def record(kind: str) -> tuple[Path, int]:
+        resp = await client.get(f"/up/{kind}", headers=auth)
+        await resp.read()
+        await gw.transport.close()  # the recording as a stopped gateway leaves it
+        return rec, resp.status
+
+    return record
+
+
+def _leaks(directory: Path, secret: str) -> list[str]:
+    """Where any form of ``secret`` is in the recording: its files' bytes, each record's
+    decoded bodies (base64, gzip) and JSON strings, and header names in any case."""
+    from gateway.credentials import reflected_forms
+    from gateway.recording.lint import lint
+    from gateway.recording.reader import load_recording
+
+    forms = [f.lower() for f in reflected_forms(secret)]
+    found = [str(f) for f in lint(directory, known=[secret])]
+    for path in directory.rglob("*"):
+        if path.is_file() and any(f in path.read_bytes().lower() for f in forms):
+            found.append(f"{path.name}: bytes")
+    for entry in load_recording(directory).entries():
+        assert entry.response is not None
+        body = entry.response.body.read() if entry.response.body is not None else b""
+        if body.startswith(b"\x1f\x8b"):
+            body = gzip.decompress(body)
+        text = json.dumps(json.loads(body)) if body.startswith(b"{") else body.decode("latin-1")
+        head = entry.response.reason + repr(entry.response.headers)
+        if any(f in (text + head).lower().encode() for f in forms):
+            found.append(f"{entry.ref}: decoded")
+    return found
+
+
+async def test_recording_redacts_a_secret_echoed_in_the_reason_phrase(hostile: Any) -> None:
+    """Recording leak (reason phrase): ``HTTP/1.1 200 OK <injected key>`` went into the
+    recording's ``response.reason`` as sent, and ``capgate recording lint`` said ok."""
+    rec, status = await hostile("reason")
+    assert status == 200 and _leaks(rec, UP_KEY) == []
+    [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
+    assert json.loads(line)["response"]["reason"] == "OK [secret:up:header]"
+
+
+async def test_recording_redacts_a_secret_in_a_response_header_name(hostile: Any) -> None:
+    """Recording leak (header name): ``X-Seen-<key>: 1`` kept the key as a header name; one
+    lower-cased on the way (``x-seen-<key in lower case>``) matched no case-sensitive check."""
+    rec, status = await hostile("header-name")
+    assert status == 200 and _leaks(rec, UP_KEY) == []
+    [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
+    names = [name.lower() for name, _ in json.loads(line)["response"]["headers"]]
+    assert not [n for n in names if n.startswith("x-seen-")]
+
+
+@pytest.mark.parametrize("kind", ["gzip", "gzip-unlabelled"])
+async def test_recording_redacts_a_secret_inside_a_compressed_body(hostile: Any, kind: str) -> None:
+    """Recording leak (gzip body): a gzip body (``Content-Encoding: identity`` then ``gzip``,
+    or gzip bytes as ``application/gzip``) was stored compressed, where no scan saw the key.
+    Now it is decoded, redacted and encoded again, and replay sends those stored bytes."""
+    rec, status = await hostile(kind)
+    assert status == 200 and _leaks(rec, UP_KEY) == []
+    [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
+    body = base64.b64decode(json.loads(line)["response"]["body"]["base64"])
+    assert json.loads(gzip.decompress(body)) == {
+        "echo": "[secret:up:header]",
+        "msg": "login as admin:[secret:up:header]",
+    }
+
+
+async def test_recording_redacts_password_echoed_inside_json_string(hostile: Any) -> None:
+    """Recording leak (JSON escapes): ``{"msg": "login as admin:\\u0048unter2... failed"}``
+    hid the key from every byte scan behind one JSON escape."""
+    rec, status = await hostile("json-escaped")
+    assert status == 200 and _leaks(rec, UP_KEY) == []
+    [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
+    body = json.loads(json.loads(line)["response"]["body"]["text"])
+    assert body == {"msg": "login as admin:[secret:up:header] failed"}
+
+
+async def test_recording_redacts_credentials_inside_urls(hostile: Any) -> None:
+    """Recording leak (URLs): URL userinfo (``https://user:pass@host/``) and credential query
+    parameters (``?api_key=``, ``sig=``, ``key=``) in a body or a ``Location`` header were
+    kept when the value was not the injected key."""
+    rec, status = await hostile("url")
+    assert status == 200 and _leaks(rec, UP_KEY) == []
+    text = (rec / "runs" / "r1.jsonl").read_text()
+    assert "s3cr3t-pw" not in text and "c2lnbmF0dXJl" not in text and "AKIAXX" not in text
+    record = json.loads(text)
+    assert json.loads(record["response"]["body"]["text"])["db"] == (
+        "https://[redacted:userinfo]@db.internal/?sig=[redacted:key]&key=[redacted:key]"
+    )
+
+
+def test_recording_lint_finds_secrets_in_every_channel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recording lint: ``capgate recording lint`` said ok on recordings holding a key in
+    a reason phrase, a header name, a gzip body, a JSON-escaped string and a URL. It now reads
+    every place of every record, decodes bodies and values, and exits 1, one line each."""
+    from gateway.commands.recording import cmd_recording_lint
+    from tests.recording.helpers import exchange, write
+
+    jwt = (
+        "eyJhbGciOiJFZERTQSIsImtpZCI6ImsxIn0"
+        ".eyJzdWIiOiJzcmUtYm90IiwiYXVkIjoic2VydmljZXMifQ.Zm9vYmFyYmF6cXV4"
+    )
+    directory = write(tmp_path / "rec", *(exchange(i, "/x", b"{}") for i in range(1, 6)))
+    path = directory / "runs" / "r1.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    # What a recorder without these fixes wrote (planted by hand).
+    records[0]["response"]["reason"] = f"OK {jwt}"
+    records[1]["response"]["headers"].append([f"X-Seen-{jwt}", "1"])
+    records[2]["response"]["headers"].append(["Content-Encoding", "gzip"])
+    records[2]["response"]["body"] = {
+        "base64": base64.b64encode(gzip.compress(jwt.encode())).decode()
+    }
+    records[3]["response"]["body"] = {"text": '{"msg": "' + _escaped(jwt) + '"}'}
+    records[4]["response"]["headers"].append(["Location", "https://u:pw@h/?api_key=k"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert cmd_recording_lint(directory) == 1
+    out = capsys.readouterr().out
+    for line in (
+        "runs/r1.jsonl:1: jwt: eyJh... (99 chars) in seq 1, response.reason",
+        "runs/r1.jsonl:2: jwt: eyJh... (99 chars) in seq 2, response.headers[1] name",
+        "runs/r1.jsonl:3: jwt: eyJh... (99 chars) in seq 3, response.body (gzip-decoded)",
+        'runs/r1.jsonl:4: jwt: "\\u0... (106 chars) in seq 4, response.body',  # the JSON string
+        "runs/r1.jsonl:5: url-userinfo: (4 chars) in seq 5, response.headers[1] value",
+        "runs/r1.jsonl:5: url-credential: (1 chars) in seq 5, response.headers[1] value",
+    ):
+        assert line in out.splitlines(), out
+    assert jwt not in out
+
+
+async def test_recording_cost_per_call_does_not_grow_with_runs(tmp_path: Path) -> None:
+    """Recording at scale (record mode slows down): 166 -> 64 calls/s over 1,000 runs. The
+    manifest (O(runs) to write) was rewritten on every new run and every 100 records, and every call
+    swept every open run. The gateway code a run's calls execute is now the same for the
+    1,000th run as for the 5th (a count of calls and lines executed, not a timing; the
+    figures are in ``bench/record_bench.py``)."""
+    from tests.recording.helpers import FakeLive, FakeResponse, drain, mini_policy, request
+    from tests.recording.test_durability import Ticks, gateway_work
+
+    policy = mini_policy()
+    from gateway.transports.record import RecordTransport
+
+    rec = RecordTransport(FakeLive(FakeResponse()), tmp_path, clock=Ticks())
+    work = {}
+    for r in range(1000):
+        with gateway_work() as counts:
+            for _ in range(2):
+                req = request(policy, "ping", "GET", "/ping", run=f"run-{r}")
+                await drain(await rec.send(req))
+        work[r] = sum(counts.values())
+    assert work[999] == work[500] == work[5]
+    assert rec.writer.manifest_writes == 1
+    await rec.close()
+
+
+async def test_recording_shutdown_with_many_runs_open_is_bounded(tmp_path: Path) -> None:
+    """Recording at scale (slow SIGTERM): stopping with 1,000 runs open took over 20 s: each
+    run's end rewrote the whole manifest. Now the runs end, then the manifest is written once."""
+    from gateway.transports.record import RecordTransport
+    from tests.recording.helpers import FakeLive, FakeResponse, drain, mini_policy, request
+    from tests.recording.test_durability import Ticks
+
+    policy = mini_policy()
+    rec = RecordTransport(FakeLive(FakeResponse()), tmp_path, clock=Ticks())
+    for r in range(1000):
+        await drain(await rec.send(request(policy, "ping", "GET", "/ping", run=f"run-{r}")))
+    before = rec.writer.manifest_writes
+    await rec.close()
+    assert rec.writer.manifest_writes == before + 1
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["runs"]) == 1000
+
+
+def test_recording_manifest_counts_are_right_after_kill_9(
+    workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
+) -> None:
+    """Recording after a crash: after ``kill -9`` of ``capgate serve --record`` the
+    manifest's counts stayed wrong for good. Now every run file's records are counted
+    (``capgate recording verify`` says what differs; ``--repair``, or the next recorder on the
+    directory, mends it). ``tests/e2e/test_record_crash.py`` restarts and stops it too."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.conftest import ROOT
+    from tests.e2e.test_serve import start_capgate
+
+    rec = tmp_path / "rec"
+    args = [*workspace.serve_args(0, tmp_path / "audit.jsonl", policy_file), "--record", str(rec)]
+    proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+    try:
+        for r in range(3):
+            tok = workspace.token("sre-bot", ["sre-diagnostics"], run=f"r{r}")
+            for _ in range(r + 1):
+                req = urllib.request.Request(
+                    ready["url"] + "/metrics/metrics/cpu?window=1m",
+                    headers={"Authorization": f"Bearer {tok}"},
+                )
+                with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 (loopback)
+                    assert resp.status == 200
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+    def verify(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "recording", "verify", str(rec), *extra],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    check = verify()
+    assert check.returncode == 1 and "3 run(s), 6 call(s)" in check.stdout, check.stdout
+    assert verify("--repair").returncode == 0
+    manifest = json.loads((rec / "manifest.json").read_text())
+    assert {r["run"]: r["calls"] for r in manifest["runs"]} == {"r0": 1, "r1": 2, "r2": 3}

@@ -6,6 +6,7 @@ line (``capgate <command>: error: ...``) on failure, and returns the exit status
 command could not run (bad input, no recording, the gateway did not start).
 
     capgate recording lint DIR
+    capgate recording verify DIR [--repair]
     capgate recording export-har DIR [-o OUT.har]
     capgate recording import-har FILE.har DIR --map https://api.example.com=api ...
     capgate policy test --policy NEW.yaml DIR [--allow-regressions]
@@ -28,9 +29,9 @@ from typing import IO
 
 from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
+from gateway.recording.lint import lint
 from gateway.recording.matching import ReplayReport
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import lint
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
 READY_TIMEOUT = 30.0
@@ -75,6 +76,26 @@ def cmd_recording_lint(directory: Path) -> int:
     files = sum(1 for p in directory.rglob("*") if p.is_file())
     print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
     return EXIT_OK
+
+
+def cmd_recording_verify(directory: Path, *, repair: bool = False) -> int:
+    """Exit 1 if the manifest does not match the records (after ``--repair``: if it still
+    does not), 0 if it does; 2 if the recording cannot be read."""
+    from gateway.recording import verify as checks
+
+    directory = Path(directory)
+    try:
+        report = checks.verify(directory)
+        if repair and not report.ok:
+            print(report.text())
+            report = checks.repair(directory)
+            print(f"{directory}: repaired")
+    except RecordingError as exc:
+        return _error("recording verify", str(exc))
+    except OSError as exc:
+        return _error("recording verify", f"{directory}: {exc.strerror or exc}")
+    print(report.text())
+    return EXIT_OK if report.ok else EXIT_NEGATIVE
 
 
 def cmd_export_har(directory: Path, out: Path | None) -> int:

@@ -3,8 +3,10 @@
 Modules, in the order a call meets them:
 
 =================  ==========================================================================
-``redact.py``      the one redaction: provenance (injected credentials), names, token shapes;
-                   ``lint(dir)``
+``redact.py``      the one redaction: provenance (injected credentials), names, token shapes,
+                   URL credentials; through JSON escapes
+``codings.py``     content codings: coded bodies decoded for redaction and lint
+``lint.py``        ``lint(dir)``: what is left that looks secret, and where
 ``canonical.py``   the canonical call key: target, canonical body (JSON, SQL), volatile fields
 ``format.py``      the versioned directory format: version, file layout, run file names, time
                    stamps, ``RecordingError``
@@ -13,6 +15,7 @@ Modules, in the order a call meets them:
 ``blobs.py``       ``BlobStore``: content-addressed bodies; inline body encoding
 ``writer.py``      ``RecordingWriter``: the one writer (redacts, stores blobs, appends lines)
 ``reader.py``      ``load_recording``: the validating reader (manifest, run files, records)
+``verify.py``      the manifest's counts against the records; ``repair`` after a crash
 ``compat.py``      step-by-step migrations of older versions
 ``matching.py``    per-run replay state, nearest-recording explanations, end-of-run report
 ``denial.py``      ``Denial``, ``denial_of(call)`` and ``DenialRecorder``: refused calls, as

@@ -28,7 +28,9 @@ Writing (``writer.py``). ``RecordingWriter.append`` is the one function that wri
 it redacts (``redact.py``), stores large bodies as blobs (``blobs.py``), and appends the whole
 line with a single ``write`` on an ``O_APPEND`` descriptor, so a crash leaves at worst a
 truncated *last* line, which the reader reports and skips. The manifest is replaced atomically
-(write to a temporary file, ``os.replace``). Unredacted bytes never touch the recording
+(write to a temporary file, ``os.replace``); it is an index, rewritten from time to time and when
+the recorder stops, and mended from the run files after a crash (``RecordingWriter._mend``,
+``verify.py``). Unredacted bytes never touch the recording
 directory: bodies too large for memory are spilled to the system temporary directory and
 redacted into their blob.
 

@@ -318,6 +318,20 @@ class ReplayMissed(Exception):
         self.miss = miss
 
 
+def _redacted_today(e: Entry) -> tuple[str, str | None]:
+    """A recorded target and canonical body under this capgate's redaction. A call is
+    redacted before it is matched; redaction only learns (never forgets) what to hide, and
+    redacting twice changes nothing, so redacting the recorded side again lets a recording
+    made before the redaction learned something still match."""
+    target = DEFAULT_REDACTOR.target(e.target)
+    canonical = e.canonical
+    if canonical is not None and e.form in ("json", "text"):
+        red = DEFAULT_REDACTOR.body(canonical.encode())
+        if red.changed:
+            canonical = canonical_body(red.data, None)[1]
+    return target, canonical
+
+
 class RunState:
     """One live run's replay: which recordings it has used, its misses."""
 
@@ -351,9 +365,10 @@ class RunState:
         cached = self._keys.get((i, sig))
         if cached is None:
             e = self.entries[i]
-            canonical = recanonicalise(e.form, e.canonical, rule)
+            target, canonical = _redacted_today(e)
+            canonical = recanonicalise(e.form, canonical, rule)
             volatile = rule.volatile if rule is not None else ()
-            cached = call_key(e.upstream or "", e.method, e.target, e.form, canonical, volatile)
+            cached = call_key(e.upstream or "", e.method, target, e.form, canonical, volatile)
             self._keys[(i, sig)] = cached
         return cached
 

@@ -10,7 +10,10 @@ directory format itself is described in ``format.py``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,66 @@ from gateway.recording.model import (
     Recording,
 )
 from gateway.recording.redact import HeaderValue
+
+
+def classify(record: dict[str, Any]) -> tuple[bool, bool]:
+    """(is a denial, is an error) of one record, as the manifest counts them: ``denials`` are
+    records of kind ``denial``, ``calls`` the others; ``errors`` are records with an ``error``
+    or a 5xx response."""
+    response = record.get("response")
+    status = response.get("status") if isinstance(response, dict) else None
+    error = record.get("error") is not None or (isinstance(status, int) and status >= 500)
+    return record.get("kind") == "denial", error
+
+
+@dataclass(slots=True)
+class Tally:
+    """What ``tally_run_file`` counted in a run file from ``start`` to ``end``."""
+
+    start: int  # where counting began (0 when the given start was not at a line's end)
+    end: int  # just after the last complete line
+    calls: int = 0
+    denials: int = 0
+    errors: int = 0
+    run: str | None = None  # the run id the first complete record names
+    last_t: float = 0.0  # the largest ``t`` counted
+
+
+def tally_run_file(path: Path, start: int = 0) -> Tally:
+    """Count the records of a run file from byte ``start`` (a line's end), for the manifest.
+
+    Only complete lines count: a torn last line (a recorder killed while writing it) is not a
+    record. ``start`` not at a line's end (the file changed under its checkpoint) counts the
+    whole file.
+    """
+    with path.open("rb") as fh:
+        if start > 0:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                start = 0
+        fh.seek(start)
+        tally = Tally(start=start, end=start)
+        pos = start
+        for raw in fh:
+            pos += len(raw)
+            if not raw.endswith(b"\n"):
+                break
+            tally.end = pos
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            denial, error = classify(record)
+            tally.denials += denial
+            tally.calls += not denial
+            tally.errors += error
+            if tally.run is None and isinstance(record.get("run"), str):
+                tally.run = record["run"]
+            with contextlib.suppress(TypeError, ValueError):
+                tally.last_t = max(tally.last_t, float(record.get("t", 0.0)))
+    return tally
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -267,7 +330,39 @@ def load_recording(directory: str | Path) -> Recording:
         path = safe_member(root, item.get("file"), f"{where}: runs[{i}]")
         entries = _read_run_file(root, path, int(version), blobs, recording.warnings)  # type: ignore[arg-type]
         recording.runs[run] = RecordedRun(run, item["file"], entries, item)
+    _read_unlisted(recording, int(version), blobs)  # type: ignore[arg-type]
     return recording
+
+
+def _read_unlisted(recording: Recording, version: int, blobs: BlobStore) -> None:
+    """Run files the manifest does not list (a recorder killed before it rewrote the manifest)
+    are read too, with a warning: their records are as valid as any."""
+    root = recording.directory
+    listed = {run.file for run in recording.runs.values()}
+    runs_dir = root / RUNS_DIR
+    if not runs_dir.is_dir():
+        return
+    with os.scandir(runs_dir) as found:
+        names = sorted(d.name for d in found if d.name.endswith(".jsonl") and d.is_file())
+    for name in names:
+        rel = f"{RUNS_DIR}/{name}"
+        if rel in listed:
+            continue
+        entries = _read_run_file(root, root / rel, version, blobs, recording.warnings)
+        if not entries:
+            continue
+        run = entries[0].run
+        if run in recording.runs:
+            recording.warnings.append(
+                f"{root / rel}: holds run {run!r}, which the manifest gives another file; skipped"
+            )
+            continue
+        recording.warnings.append(
+            f"{root / rel}: run {run!r} is not listed in the manifest (the recorder stopped "
+            "before it rewrote it); read anyway. 'capgate recording verify --repair' lists it"
+        )
+        item = {"run": run, "file": rel, "unlisted": True}
+        recording.runs[run] = RecordedRun(run, rel, entries, item)
 
 
 def _read_run_file(

@@ -1,7 +1,7 @@
 """Redaction: what never reaches a recording, decided in one place.
 
 Every record passes through ``RecordingWriter.append`` (``writer.py``), which calls the one
-``Redactor`` below on every header, body and target before a byte is written. Three layers,
+``Redactor`` below on every header, body and target before a byte is written. Four layers,
 applied in a single pass over each value:
 
 1. **Provenance.** The credential the gateway injected into this call is known exactly (the
@@ -18,14 +18,21 @@ applied in a single pass over each value:
 3. **Shapes.** ``SCANNERS`` find token-like values anywhere (JWTs, PEM private keys, cloud
    and SaaS keys, high-entropy ``Bearer``/``Basic`` credentials) and replace them with
    ``[redacted:<kind>]``.
+4. **URLs.** In a URL (``scheme://``, also JSON-escaped or percent-encoded) the userinfo
+   becomes ``[redacted:userinfo]`` and the value of a parameter in ``URL_CREDENTIAL_PARAMS``
+   (or any sensitive key) ``[redacted:key]``.
+
+A JSON string whose escapes hide ASCII from these byte scans (``"\\u0068unter2"``) is decoded,
+redacted as text and written back as one JSON string. A header whose name holds the injected
+credential (in any case) or a token shape is not written. Coded bodies are decoded before any
+of this (``codings.py``, ``RecordingWriter._coded_body``).
 
 Markers are plain text, so a redacted JSON body stays JSON, and redaction is a pure function
 of its input: the replay side redacts an incoming call the same way before computing its
 key, so a call whose body held a password still matches its recording.
 
-``lint(directory)`` re-reads every byte of a recording (manifest, run files, blobs, and the
-decoded form of base64 bodies) and reports whatever still looks secret, as ``Finding``s
-with file, line and kind; ``capgate recording lint`` fails on any.
+``lint.py`` checks a whole recording with this same redactor: whatever it would still change
+is a finding.
 
 Known limits, on purpose: a secret the gateway did not inject and that has no telling name
 or shape (a random string under an innocent key) cannot be recognised; values under
@@ -42,8 +49,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from gateway.credentials import labelled_forms
 
@@ -121,6 +128,43 @@ NOT_SENSITIVE_KEYS = frozenset(
 )
 """Keys that end like secrets but name pagination cursors or limits; left as they are."""
 
+URL_CREDENTIAL_PARAMS = frozenset(
+    {
+        "key",
+        "apikey",
+        "api_key",
+        "access_key",
+        "accesskey",
+        "access_token",
+        "token",
+        "auth",
+        "auth_token",
+        "authorization",
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "secret",
+        "client_secret",
+        "sig",
+        "signature",
+        "x_amz_signature",
+        "x_amz_credential",
+        "x_amz_security_token",
+        "x_goog_signature",
+        "x_goog_credential",
+        "session",
+        "sessionid",
+        "session_id",
+        "jsessionid",
+        "phpsessid",
+    }
+)
+"""Query parameters (normalised like keys) whose values are never written when they appear in
+a URL (``scheme://...``) anywhere in a body, header or reason: API keys (``key=`` is Google's),
+signed-URL signatures and credentials (S3, GCS, Azure SAS ``sig=``), session ids; and every name
+``is_sensitive_key`` accepts. The URL's userinfo (``https://user:pass@host``) goes too."""
+
 STRUCTURED_LIMIT = 16 * 1024 * 1024
 """Bodies up to this size are redacted whole, in memory, with JSON key redaction; larger
 ones are streamed through provenance and shape redaction in windows."""
@@ -153,6 +197,7 @@ SCANNERS: tuple[tuple[str, bytes], ...] = (
 )
 
 JSON_VALUE = "\x00json"  # the literal's name for values found under sensitive JSON keys
+_USERINFO = b"[redacted:userinfo]"
 
 _KIND_NAMES = {name: name.replace("_", "-") for name, _ in SCANNERS}
 
@@ -168,7 +213,27 @@ def is_sensitive_key(key: str) -> bool:
     return k in SENSITIVE_KEYS or k.endswith(SENSITIVE_KEY_SUFFIXES)
 
 
-_FORM_VALUE = re.compile(rb"=([^&\s\"';,<>]{1,4096})")
+# (A backslash is taken with the character after it, never before a quote: a value inside a
+# JSON string ends before its escaped closing quote, so the JSON stays valid.)
+_FORM_VALUE = re.compile(rb"=((?:[^&\s\"';,<>\\]|\\[^\"\s]){1,4096})")
+# A URL: a scheme, then "://" plain, JSON-escaped ("\/") or percent-encoded ("%3A%2F%2F").
+_URL = re.compile(
+    rb"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,30}(?::|%3[Aa])(?:/|\\/|%2[Ff]){2}"
+    rb"(?P<rest>[^\s\"'<>`]{1,8192})"
+)
+_AUTHORITY_END = re.compile(rb"[/\\?#]|%2[Ff]|%3[Ff]|%23")
+_USERINFO_END = re.compile(rb"@|%40")
+# One query parameter of a URL, its separators plain, percent-encoded or JSON-escaped.
+_URL_PARAM = re.compile(
+    rb"(?:[?&;]|%3[Ff]|%26|\\u0026)(?P<name>[A-Za-z0-9_.~%-]{1,80}?)(?:=|%3[Dd]|\\u003[dD])"
+    rb"(?P<value>(?:(?!%26|%23|\\u0026)(?:[^&#;\\]|\\[^\"])){1,4096})"
+)
+# An escape that can hide ASCII text from the byte scans: "\u0068" for "h", "\/" for "/".
+# (Escapes of other characters cannot hide a token shape; a known secret's own JSON form,
+# non-ASCII escaped, is one of its literals already.)
+_HIDING_ESCAPE = re.compile(rb"\\(?:u00[0-7][0-9A-Fa-f]|/)")
+# A JSON string literal; only those holding such an escape are decoded and checked.
+_JSON_STRING = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"')
 _KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _KEY_BEFORE = frozenset(b"?&; \t\r\n,")
 _COMPILED = tuple((name, re.compile(rx)) for name, rx in SCANNERS)
@@ -341,14 +406,64 @@ def _form_hits(data: bytes) -> Iterator[_Hit]:
         yield _Hit(eq + 1, 50, m.end(), k, m.end(), b"[redacted:key]", "sensitive-key")
 
 
-def _hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> list[_Hit]:
-    hits = [*_literal_hits(data, literals), *_shape_hits(data), *_form_hits(data)]
+def is_url_credential(name: bytes) -> bool:
+    """Whether a URL query parameter (raw, maybe percent-encoded) names a credential."""
+    key = normalise_key(unquote(name.decode("ascii", "replace")))
+    return key in URL_CREDENTIAL_PARAMS or is_sensitive_key(key)
+
+
+def _url_hits(data: bytes) -> Iterator[_Hit]:
+    """Userinfo and credential parameters of URLs (``scheme://user:pass@host/?key=...``)."""
+    for m in _URL.finditer(data):
+        rest, base = m.group("rest"), m.start("rest")
+        end = _AUTHORITY_END.search(rest)
+        authority_end = end.start() if end else len(rest)
+        at = [u.start() for u in _USERINFO_END.finditer(rest, 0, authority_end)]
+        if at and at[-1] > 0 and not rest.startswith(b"[redacted:"):
+            yield _Hit(base, 40, base + at[-1], base, base + at[-1], _USERINFO, "url-userinfo")
+        for p in _URL_PARAM.finditer(rest, authority_end):
+            value = p.group("value")
+            if value.startswith(b"[") or not is_url_credential(p.group("name")):
+                continue
+            start, stop = base + p.start("value"), base + p.end("value")
+            yield _Hit(start, 40, stop, base + p.start(), stop, b"[redacted:key]", "url-credential")
+
+
+def _escaped_hits(data: bytes, literals: Sequence[tuple[str, bytes]]) -> Iterator[_Hit]:
+    """JSON strings whose escapes (``\\u0068unter2``, ``https:\\/\\/``) hide a secret from
+    the byte scans: each is decoded, redacted as text, and written back as one JSON string."""
+    if not _HIDING_ESCAPE.search(data):
+        return
+    for m in _JSON_STRING.finditer(data):
+        token = m.group()
+        if not _HIDING_ESCAPE.search(token):
+            continue
+        try:
+            text = json.loads(token)
+        except ValueError:
+            continue
+        inner = text.encode("utf-8", "surrogatepass")
+        out, spans, _, applied = Redactor._apply(inner, literals, escapes=False)
+        if not spans:
+            continue
+        fixed = json.dumps(out.decode("utf-8", "surrogatepass")).encode()
+        yield _Hit(m.start(), 60, m.end(), m.start(), m.end(), fixed, applied[0].kind)
+
+
+def _hits(data: bytes, literals: Sequence[tuple[str, bytes]], escapes: bool = True) -> list[_Hit]:
+    hits = [
+        *_literal_hits(data, literals),
+        *_shape_hits(data),
+        *_form_hits(data),
+        *_url_hits(data),
+        *(_escaped_hits(data, literals) if escapes else ()),
+    ]
     hits.sort(key=lambda h: (h.rep_start, h.priority, -(h.rep_end - h.rep_start)))
     return hits
 
 
 class Redactor:
-    """The three layers of redaction over headers, bodies and targets (see module docstring)."""
+    """The four layers of redaction over headers, bodies and targets (see module docstring)."""
 
     def __init__(
         self,
@@ -374,7 +489,10 @@ class Redactor:
 
     @staticmethod
     def _apply(
-        data: bytes, literals: Sequence[tuple[str, bytes]], final: bool = True
+        data: bytes,
+        literals: Sequence[tuple[str, bytes]],
+        final: bool = True,
+        escapes: bool = True,
     ) -> tuple[bytes, list[Span], int, list[_Hit]]:
         """Replace every hit, earliest first (ties: provenance, JSON keys, shapes, form keys).
 
@@ -382,7 +500,7 @@ class Redactor:
         the last ``OVERLAP`` bytes: more input could still extend it. Returns the output, the
         spans replaced, how much input was consumed, and the hits applied.
         """
-        hits = _hits(data, literals)
+        hits = _hits(data, literals, escapes)
         cut = len(data)
         if not final:
             cut = max(len(data) - OVERLAP, 0)
@@ -424,9 +542,10 @@ class Redactor:
             low = name.lower()
             if low in self.omit_headers:
                 continue
-            if secrets and self.text(name, secrets) != name:
-                # SECURITY: a header named after a credential (an upstream reflecting it) is
-                # not written; the gateway never passes such a header to the agent either.
+            if self._name_leaks(name, secrets):
+                # SECURITY: a header named after a credential (an upstream reflecting it), in
+                # any case, or whose name holds a token, is not written; the gateway never
+                # passes the first kind to the agent either.
                 continue
             carried = next(
                 (
@@ -446,6 +565,12 @@ class Redactor:
                 out.append((name, self.text(value, secrets)))
         return out
 
+    def _name_leaks(self, name: str, secrets: Sequence[KnownSecret]) -> bool:
+        if self.text(name, secrets) != name:
+            return True
+        low = name.lower().encode("utf-8", "surrogateescape")
+        return any(form.lower() in low for s in secrets for _, form in s.literals())
+
     def body(self, data: bytes, secrets: Sequence[KnownSecret] = ()) -> Redacted:
         """A whole body (up to ``STRUCTURED_LIMIT``): provenance, JSON keys, form keys, shapes."""
         if not data:
@@ -461,7 +586,7 @@ class Redactor:
         extra: list[tuple[str, bytes]] = []
         non_string = False
         if is_json:
-            values, non_string = _sensitive_values(doc)
+            values, non_string = sensitive_values(doc)
             for v in values:
                 if any(s.value and s.value in v for s in secrets):
                     continue  # provenance names it better: [secret:<name>]
@@ -527,7 +652,7 @@ def _is_marker(value: Any) -> bool:
     )
 
 
-def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
+def sensitive_values(doc: Any) -> tuple[set[str], bool]:
     """String values under sensitive keys (at any depth below one), and whether any
     non-string scalar sits there too."""
     found: set[str] = set()
@@ -550,7 +675,7 @@ def _sensitive_values(doc: Any) -> tuple[set[str], bool]:
 
 
 def _has_unredacted(doc: Any) -> bool:
-    values, non_string = _sensitive_values(doc)
+    values, non_string = sensitive_values(doc)
     return bool(values) or non_string
 
 
@@ -566,113 +691,3 @@ def _redact_doc(doc: Any, under: bool = False) -> Any:
     ):
         return doc if _is_marker(doc) else "[redacted:key]"
     return doc
-
-
-# --- lint ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """Something secret-looking left in a recording."""
-
-    file: str  # relative to the recording directory
-    line: int  # 1-based; 0 when not line-based
-    kind: str  # jwt, pem, aws-access-key, ..., sensitive-header, sensitive-key, known-secret
-    preview: str  # a masked hint of what was found, never the value
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.kind}: {self.preview}"
-
-
-def mask(value: bytes | str) -> str:
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    return f"{text[:4]}... ({len(text)} chars)" if len(text) > 8 else f"({len(text)} chars)"
-
-
-def _line_of(data: bytes, offset: int) -> int:
-    return data.count(b"\n", 0, offset) + 1
-
-
-def _scan_bytes(
-    rel: str, data: bytes, known: Sequence[KnownSecret], line: int | None = None
-) -> list[Finding]:
-    return [
-        Finding(rel, line if line is not None else _line_of(data, off), kind, mask(found))
-        for off, kind, found in DEFAULT_REDACTOR.scan(data, known)
-    ]
-
-
-def _walk_record(rel: str, line: int, record: Any, known: Sequence[KnownSecret]) -> list[Finding]:
-    """Structural checks of one run-file line: header markers, bodies decoded and scanned."""
-    findings: list[Finding] = []
-    if not isinstance(record, dict):
-        return findings
-    for part in ("request", "response"):
-        section = record.get(part)
-        if not isinstance(section, dict):
-            continue
-        for pair in section.get("headers") or ():
-            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str):
-                name, value = pair
-                if name.lower() in SENSITIVE_HEADERS and isinstance(value, str) and value:
-                    findings.append(
-                        Finding(rel, line, "sensitive-header", f"{name}: {mask(value)}")
-                    )
-        for key in ("body", "raw"):
-            body = section.get(key)
-            data: bytes | None = None
-            if isinstance(body, dict) and isinstance(body.get("base64"), str):
-                try:
-                    data = base64.b64decode(body["base64"], validate=True)
-                except ValueError:
-                    findings.append(Finding(rel, line, "corrupt-base64", f"{part}.{key}"))
-                    continue
-                findings.extend(_scan_bytes(rel, data, known, line))
-            elif isinstance(body, dict) and isinstance(body.get("text"), str):
-                data = body["text"].encode()
-            elif isinstance(body, str):
-                data = body.encode()
-            if data is not None and data.lstrip()[:1] in (b"{", b"["):
-                try:
-                    doc = json.loads(data)
-                except (ValueError, RecursionError):
-                    continue
-                values, non_string = _sensitive_values(doc)
-                if values or non_string:
-                    findings.append(Finding(rel, line, "sensitive-key", f"{part}.{key}"))
-    return findings
-
-
-def lint(directory: str | Path, known: Iterable[str] = ()) -> list[Finding]:
-    """Every byte of a recording checked for anything secret-looking.
-
-    ``known`` are exact values that must not appear (a test passes the workspace's
-    secrets). Files are read whole one at a time; blobs are scanned as bytes.
-    """
-    root = Path(directory)
-    secrets = [KnownSecret(name="known", value=v) for v in known if v]
-    findings: list[Finding] = []
-    if not root.is_dir():
-        return [Finding(str(root), 0, "not-a-recording", "not a directory")]
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            findings.append(Finding(rel, 0, "unreadable", exc.strerror or "cannot read"))
-            continue
-        findings.extend(_scan_bytes(rel, data, secrets))
-        if rel.endswith(".jsonl"):
-            lines = data.split(b"\n")
-            for i, raw in enumerate(lines, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    last = i == len(lines) and not data.endswith(b"\n")
-                    kind = "truncated-line" if last else "corrupt-line"
-                    findings.append(Finding(rel, i, kind, "not a complete JSON line"))
-                    continue
-                findings.extend(_walk_record(rel, i, record, secrets))
-    return findings

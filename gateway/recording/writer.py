@@ -4,6 +4,15 @@ Every record goes through ``RecordingWriter.append``, which redacts it (``redact
 its large bodies as blobs (``blobs.py``) and appends it as one line with a single ``write`` on an
 ``O_APPEND`` descriptor. The manifest lists the runs (``RunEntry``) and is replaced atomically.
 The directory format itself is described in ``format.py``.
+
+The manifest is an index, not the truth: everything it says can be rebuilt from the run files.
+So the work of one ``append`` never depends on how many runs the recording holds: the manifest
+is rewritten when the writer opens a directory that needs mending, at most every
+``MANIFEST_INTERVAL`` seconds while records arrive, and on ``write_manifest`` (the recorder
+calls it once when it stops). Each run's entry says how much of its file its counts cover
+(``size``); a writer that opens the directory again counts the records beyond that (a crash
+after the last rewrite), adds run files the manifest does not list, and forgets entries whose
+file is gone (``_mend``).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +32,16 @@ from typing import IO, Any
 from gateway import __version__
 from gateway.recording.blobs import BlobStore, encode_inline
 from gateway.recording.canonical import Form, canonical_body
+from gateway.recording.codings import (
+    CodingError,
+    content_codings,
+    decode,
+    encode,
+    read_pieces,
+    sniff,
+)
 from gateway.recording.format import (
+    BLOBS_DIR,
     FORMAT,
     INLINE_LIMIT,
     MANIFEST,
@@ -34,8 +52,8 @@ from gateway.recording.format import (
     iso_time,
     run_file_name,
 )
-from gateway.recording.model import BodyData, Exchange, Spilled
-from gateway.recording.reader import read_manifest, safe_member
+from gateway.recording.model import BodyData, Exchange, ResponseData, Spilled
+from gateway.recording.reader import classify, read_manifest, safe_member, tally_run_file
 from gateway.recording.redact import (
     DEFAULT_REDACTOR,
     STRUCTURED_LIMIT,
@@ -46,6 +64,11 @@ from gateway.recording.redact import (
 )
 
 log = logging.getLogger("capgate.recording")
+
+MANIFEST_INTERVAL = 60.0
+"""Seconds between two rewrites of the manifest while recording (it is also rewritten when the
+recorder stops). A rewrite costs time in proportion to the number of runs, so it is bounded by
+time, never done per call; a crash in between loses nothing: the next writer mends it."""
 
 
 @dataclass(slots=True)
@@ -61,6 +84,9 @@ class RunEntry:
     bytes: int = 0
     truncated: dict[str, Any] | None = None
     kept: str | None = None
+    size: int = -1  # length of the run file the counts cover; -1: unknown (count it all)
+    last_seq: int | None = None  # highest seq in the file, once this process knows it
+    checked: bool = False  # this process cut a torn last line off before appending
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -70,6 +96,7 @@ class RunEntry:
             "denials": self.denials,
             "errors": self.errors,
             "started": self.started,
+            "size": max(self.size, 0),
         }
         if self.truncated:
             out["truncated"] = self.truncated
@@ -90,7 +117,8 @@ class RecordingWriter:
     """Owns a recording directory while recording. Not for concurrent use by two processes.
 
     Opening a directory that already holds a recording of the current version appends to it
-    (new runs get new files; a run seen again continues its file and its ``seq``).
+    (new runs get new files; a run seen again continues its file and its ``seq``), after
+    mending its manifest from the run files (``_mend``).
     """
 
     def __init__(
@@ -99,19 +127,25 @@ class RecordingWriter:
         *,
         redactor: Redactor = DEFAULT_REDACTOR,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         spill_dir: Path | None = None,
+        manifest_interval: float = MANIFEST_INTERVAL,
     ) -> None:
         self.root = Path(directory)
         self.redactor = redactor
         self.wall = wall
+        self.clock = clock
         self.spill_dir = spill_dir
+        self.manifest_interval = manifest_interval
         self.blobs = BlobStore(self.root)
         self._lock = threading.Lock()
         self.runs: dict[str, RunEntry] = {}
         self.upstreams: dict[str, str] = {}
         self.sampling: dict[str, Any] | None = None
         self.created = iso_time(wall())
-        self._dirty = 0
+        self._dirty = False
+        self._written_at = clock()
+        self.manifest_writes = 0  # how often this writer replaced the manifest
         self._open()
 
     def _open(self) -> None:
@@ -123,6 +157,7 @@ class RecordingWriter:
             ) from exc
         manifest_path = self.root / MANIFEST
         if not manifest_path.exists():
+            self._mend()
             self.write_manifest()
             return
         manifest = read_manifest(self.root)
@@ -147,41 +182,121 @@ class RecordingWriter:
                     errors=int(item.get("errors", 0)),
                     truncated=item.get("truncated"),
                     kept=item.get("kept"),
+                    size=int(item.get("size", -1)),
                 )
                 self.runs[entry.run] = entry
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordingError(f"{where}: not a valid manifest entry ({exc!r})") from None
+        if self._mend():
+            self.write_manifest()
+
+    def _mend(self) -> bool:
+        """Bring the runs' entries in line with the run files on disk; True if any changed.
+
+        A recorder that was killed leaves a manifest from its last rewrite: runs it started
+        since are not listed, and the counts of the others stop where the rewrite was. Each
+        entry's ``size`` says how much of its file its counts cover, so only the records
+        beyond it are read (all of a file whose entry has no ``size``: older recordings).
+        """
+        changed = False
+        for entry in list(self.runs.values()):
+            if not (self.root / entry.file).is_file():
+                log.warning(
+                    "%s: run %r has no file %s; dropped from the manifest",
+                    self.root,
+                    entry.run,
+                    entry.file,
+                )
+                del self.runs[entry.run]
+                changed = True
+        listed = {entry.file: entry for entry in self.runs.values()}
+        with os.scandir(self.root / RUNS_DIR) as found:
+            names = sorted(d.name for d in found if d.name.endswith(".jsonl") and d.is_file())
+        for name in names:
+            rel = f"{RUNS_DIR}/{name}"
+            changed |= self._mend_run(rel, listed.get(rel))
+        with contextlib.suppress(OSError):  # blobs a killed recorder was writing
+            for tmp in (self.root / BLOBS_DIR / "tmp").glob("blob-*"):
+                tmp.unlink()
+        if changed:
+            log.warning(
+                "%s: the manifest did not match the run files (a recorder stopped "
+                "without finishing it); mended from the records",
+                self.root,
+            )
+        return changed
+
+    def _mend_run(self, rel: str, entry: RunEntry | None) -> bool:
+        path = self.root / rel
+        stat = path.stat()
+        if entry is not None and entry.size == stat.st_size:
+            return False
+        start = entry.size if entry is not None and 0 <= entry.size <= stat.st_size else 0
+        tally = tally_run_file(path, start)
+        if tally.start != start:  # the checkpoint was not at a line's end: count it all
+            start = 0
+        if entry is None:
+            if tally.run is None:
+                return False  # no complete record yet: nothing to list
+            if tally.run in self.runs:
+                log.warning(
+                    "%s: run %r also has file %s; that file is not listed",
+                    self.root,
+                    tally.run,
+                    rel,
+                )
+                return False
+            started = iso_time(max(stat.st_mtime - tally.last_t, 0.0))
+            entry = RunEntry(run=tally.run, file=rel, started=started)
+            self.runs[entry.run] = entry
+        before = (entry.calls, entry.denials, entry.errors, entry.size)
+        if start == 0:
+            entry.calls = entry.denials = entry.errors = 0
+        entry.calls += tally.calls
+        entry.denials += tally.denials
+        entry.errors += tally.errors
+        entry.size = tally.end  # a torn last line stays outside (it is not a record)
+        return (entry.calls, entry.denials, entry.errors, entry.size) != before
 
     # -- runs --------------------------------------------------------------------------------
 
     def ensure_run(self, run: str) -> RunEntry:
+        """The run's entry, created (with its empty file) when new. The first time this
+        process uses a run, a torn last line a crash left in its file is cut off, so the lines
+        appended now do not join it into one corrupt line."""
         with self._lock:
             entry = self.runs.get(run)
             if entry is None:
-                entry = RunEntry(run=run, file=run_file_name(run), started=iso_time(self.wall()))
+                entry = RunEntry(
+                    run=run, file=run_file_name(run), started=iso_time(self.wall()), size=0
+                )
+                path = self.root / entry.file
+                if path.exists():  # a file the manifest never listed (mended away as empty)
+                    self._repair_tail(path)
+                    entry.size = path.stat().st_size
+                else:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+                    entry.last_seq = 0
+                entry.checked = True
                 self.runs[run] = entry
-                # The file exists as soon as the manifest lists it, even before a record.
-                os.close(os.open(self.root / entry.file, os.O_WRONLY | os.O_CREAT, 0o600))
-                self._write_manifest_locked()
+                self._dirty = True
+            elif not entry.checked:
+                path = self.root / entry.file
+                self._repair_tail(path)
+                entry.checked = True
             return entry
 
     def last_seq(self, run: str) -> int:
-        """The highest ``seq`` already in a run's file (0 for a new run).
-
-        Called when a run starts in this process: a truncated last line left by a crash is
-        cut off first, so the lines appended now do not join it into one corrupt line.
-        """
-        entry = self.runs.get(run)
-        path = self.root / (entry.file if entry else run_file_name(run))
-        if not path.exists():
-            return 0
-        self._repair_tail(path)
-        last = 0
-        with path.open("rb") as fh:
-            for raw in fh:
-                with contextlib.suppress(ValueError, AttributeError, TypeError):
-                    last = max(last, int(json.loads(raw).get("seq", 0)))
-        return last
+        """The highest ``seq`` already in a run's file (0 for a new run); read once per run."""
+        entry = self.ensure_run(run)
+        if entry.last_seq is None:
+            last = 0
+            with (self.root / entry.file).open("rb") as fh:
+                for raw in fh:
+                    with contextlib.suppress(ValueError, AttributeError, TypeError):
+                        last = max(last, int(json.loads(raw).get("seq", 0)))
+            entry.last_seq = last
+        return entry.last_seq
 
     @staticmethod
     def _repair_tail(path: Path) -> None:
@@ -217,17 +332,16 @@ class RecordingWriter:
                     (self.root / entry.file).unlink()
             for ref in blobs:
                 self.blobs.remove(ref)
-            self._write_manifest_locked()
+            self._dirty = True
 
-    def note(self, run: str, *, write: bool = True, **fields: Any) -> None:
-        """Set manifest fields of a run (``truncated``, ``kept``); rewrite the manifest."""
+    def note(self, run: str, **fields: Any) -> None:
+        """Set manifest fields of a run (``truncated``, ``kept``); written with the manifest."""
         with self._lock:
             entry = self.runs.get(run)
             if entry is not None:
                 for k, v in fields.items():
                     setattr(entry, k, v)
-            if write:
-                self._write_manifest_locked()
+            self._dirty = True
 
     # -- the one path every record takes ------------------------------------------------------
 
@@ -247,16 +361,21 @@ class RecordingWriter:
                     view = view[n:]
             finally:
                 os.close(fd)
-            if ex.kind == "denial":
+            denial, error = classify(record)
+            if denial:
                 entry.denials += 1
             else:
                 entry.calls += 1
-            if ex.error is not None or (ex.response is not None and ex.response.status >= 500):
+            if error:
                 entry.errors += 1
+            if entry.size >= 0:
+                entry.size += len(line)
+            if entry.last_seq is not None:
+                entry.last_seq = max(entry.last_seq, ex.seq)
             size = len(line) + sum(self._blob_size(r) for r in created)
             entry.bytes += size
-            self._dirty += 1
-            if self._dirty >= 100:
+            self._dirty = True
+            if self.clock() - self._written_at >= self.manifest_interval:
                 self._write_manifest_locked()
         return Written(size, created)
 
@@ -270,7 +389,7 @@ class RecordingWriter:
         if name not in self.upstreams:
             with self._lock:
                 self.upstreams[name] = url
-                self._write_manifest_locked()
+                self._dirty = True
 
     def _body(
         self, data: BodyData | None, secrets: Sequence[KnownSecret], created: list[str]
@@ -311,6 +430,79 @@ class RecordingWriter:
             created.append(ref)
         return {"blob": ref, "size": size}, None, tuple(spans), ref[len("sha256/") :]
 
+    def _response_body(
+        self, resp: ResponseData, secrets: Sequence[KnownSecret], created: list[str]
+    ) -> tuple[dict[str, Any] | None, tuple[Span, ...] | None, str | None]:
+        """(body value, spans, why it was withheld) of a response body, decoded first when it
+        has a content coding (``codings.py``): redaction must see what the coding hides."""
+        data = resp.body
+        if data is None:
+            return None, (), None
+        codings = content_codings(resp.headers) or sniff(_head(data))
+        if not codings:
+            value, _, spans, _ = self._body(data, secrets, created)
+            return value, spans, None
+        try:
+            value, spans = self._coded_body(data, codings, secrets, created)
+            return value, spans, None
+        except CodingError as exc:
+            # SECURITY: bytes no scan can read are not kept: the body is left out.
+            log.warning("a %s response body was not recorded: %s", ",".join(codings), exc)
+            return None, (), f"{exc}; the body was not recorded"
+        finally:
+            if isinstance(data, Spilled):
+                with contextlib.suppress(OSError):
+                    data.path.unlink()
+
+    def _coded_body(
+        self,
+        data: BodyData,
+        codings: tuple[str, ...],
+        secrets: Sequence[KnownSecret],
+        created: list[str],
+    ) -> tuple[dict[str, Any], tuple[Span, ...] | None]:
+        """Decode, redact the decoded bytes; when redaction changed nothing, keep the bytes as
+        received (replayed byte for byte, chunks kept), else encode the redacted bytes again
+        with the same codings (``codings.encode``: fixed parameters) and keep those."""
+        spill = str(self.spill_dir) if self.spill_dir is not None else None
+        with tempfile.SpooledTemporaryFile(max_size=STRUCTURED_LIMIT, dir=spill) as plain:
+            for piece in decode(_pieces(data), codings):
+                plain.write(piece)
+            size = plain.tell()
+            plain.seek(0)
+            if size <= STRUCTURED_LIMIT:
+                red = self.redactor.body(plain.read(), secrets)
+                if not red.changed:
+                    return self._store(_pieces(data), created), ()
+                return self._store(encode([red.data], codings), created), None
+            with tempfile.TemporaryFile(dir=self.spill_dir) as redacted:
+                spans = self.redactor.stream(plain, redacted, secrets)
+                if not spans:
+                    return self._store(_pieces(data), created), ()
+                redacted.seek(0)
+                return self._store(encode(read_pieces(redacted.read), codings), created), None
+
+    def _store(self, pieces: Iterable[bytes], created: list[str]) -> dict[str, Any]:
+        """A body value for bytes already redacted: inline, or a blob beyond ``INLINE_LIMIT``."""
+        pieces = iter(pieces)
+        buf = bytearray()
+        for piece in pieces:
+            buf += piece
+            if len(buf) > INLINE_LIMIT:
+                break
+        else:
+            return encode_inline(bytes(buf))
+
+        def fill(dst: Any) -> None:
+            dst.write(bytes(buf))
+            for piece in pieces:
+                dst.write(piece)
+
+        ref, new, size, _ = self.blobs.put_stream(fill)
+        if new:
+            created.append(ref)
+        return {"blob": ref, "size": size}
+
     def _encode(self, ex: Exchange, created: list[str]) -> dict[str, Any]:
         r = self.redactor
         secrets = ex.secrets
@@ -349,13 +541,15 @@ class RecordingWriter:
         }
         if ex.response is not None:
             resp = ex.response
-            body_value, _, spans, _ = self._body(resp.body, secrets, created)
+            body_value, spans, withheld = self._response_body(resp, secrets, created)
             out: dict[str, Any] = {
                 "status": resp.status,
                 "reason": r.text(resp.reason, secrets),
                 "headers": [list(p) for p in r.headers(resp.headers, secrets)],
                 "body": body_value,
             }
+            if withheld is not None:
+                out["withheld"] = withheld
             chunks = _chunks_after_redaction(resp.chunks, spans)
             if len(chunks) > 1:
                 out["chunks"] = [{"t": round(t, 6), "size": n} for t, n in chunks]
@@ -392,7 +586,9 @@ class RecordingWriter:
             self._write_manifest_locked()
 
     def _write_manifest_locked(self) -> None:
-        self._dirty = 0
+        self._dirty = False
+        self._written_at = self.clock()
+        self.manifest_writes += 1
         text = json.dumps(self.manifest(), indent=2, ensure_ascii=False) + "\n"
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
         try:
@@ -408,6 +604,21 @@ class RecordingWriter:
         """A private temporary file for a body that outgrew memory (outside the recording)."""
         fd, name = tempfile.mkstemp(dir=self.spill_dir, prefix="capgate-spill-")
         return os.fdopen(fd, "w+b"), Path(name)
+
+
+def _head(data: BodyData) -> bytes:
+    if isinstance(data, bytes):
+        return data[:4]
+    with data.path.open("rb") as fh:
+        return fh.read(4)
+
+
+def _pieces(data: BodyData) -> Iterator[bytes]:
+    if isinstance(data, bytes):
+        yield data
+        return
+    with data.path.open("rb") as fh:
+        yield from read_pieces(fh.read)
 
 
 def _chunks_after_redaction(

@@ -11,7 +11,11 @@ through ``observe_denial`` and are recorded as denials.
 
 Runs. Records are grouped by the token's ``run`` claim (``"default"`` without one). A run
 ends on ``end_run(run)``, after ``idle_end`` seconds without calls, or when the transport
-closes. With ``sample`` set, an ended run is kept only if it saw a denial, an upstream error
+closes. Open runs are kept least recently active first, so a call's sweep for idle runs looks
+at those only; ending a run changes the manifest in memory, and ``close()`` writes it once
+after ending them all: nothing a call does costs in proportion to the number of runs.
+
+With ``sample`` set, an ended run is kept only if it saw a denial, an upstream error
 (a 5xx answer or a transport error, timeouts included) or its id hashes into the ``sample``
 fraction (``keep_fraction``: the same run id always gets the same answer); the files of a run
 not kept are deleted. ``RunLimits`` caps the calls and bytes written per run; calls beyond
@@ -26,6 +30,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,7 @@ from typing import IO, TYPE_CHECKING
 from multidict import CIMultiDict
 
 from gateway.errors import GatewayError
+from gateway.recording.codings import content_codings, sniff
 from gateway.recording.format import INLINE_LIMIT, RecordingError, parse_iso_time, run_id
 from gateway.recording.model import BodyData, Decision, ErrorInfo, Exchange, ResponseData, Spilled
 from gateway.recording.redact import DEFAULT_REDACTOR, KnownSecret, Redactor
@@ -292,7 +298,7 @@ class RecordTransport:
         self.clock = clock
         self.wall = wall
         self.writer = RecordingWriter(
-            Path(directory), redactor=redactor, wall=wall, spill_dir=spill_dir
+            Path(directory), redactor=redactor, wall=wall, clock=clock, spill_dir=spill_dir
         )
         if sample is not None:
             previous = self.writer.sampling or {}
@@ -300,7 +306,9 @@ class RecordTransport:
                 "fraction": sample,
                 "dropped_runs": int(previous.get("dropped_runs", 0)),
             }
-        self.sessions: dict[str, RunSession] = {}
+        # Least recently active first: the idle sweep looks at the front only, so its work per
+        # call does not grow with the number of runs open.
+        self.sessions: OrderedDict[str, RunSession] = OrderedDict()
         self._closed = False
 
     # -- runs --------------------------------------------------------------------------------
@@ -319,16 +327,26 @@ class RecordTransport:
                 last_active=now,
             )
             self.sessions[run] = session
+        else:
+            self.sessions.move_to_end(run)
         session.last_active = now
         return session
 
     def _sweep(self) -> None:
+        """End the runs idle for longer than ``idle_end``: the oldest first, stopping at the
+        first one still active, so a call pays for the runs it ends, not for the runs open. A
+        run with a call still in flight is kept (there are at most as many as calls)."""
         if self.idle_end is None:
             return
-        now = self.clock()
-        for run, s in list(self.sessions.items()):
-            if s.inflight == 0 and now - s.last_active > self.idle_end:
-                self.end_run(run)
+        deadline = self.clock() - self.idle_end
+        idle: list[str] = []
+        for run, s in self.sessions.items():
+            if s.last_active >= deadline:
+                break
+            if s.inflight == 0:
+                idle.append(run)
+        for run in idle:
+            self.end_run(run)
 
     def _admit(self, session: RunSession) -> bool:
         if session.calls >= self.limits.max_calls:
@@ -350,13 +368,10 @@ class RecordTransport:
                 session.run,
                 why,
             )
-        # The manifest is rewritten the first time; later counts go with the run's end.
-        with contextlib.suppress(OSError):
-            self.writer.note(
-                session.run,
-                write=first,
-                truncated={"reason": session.truncated, "calls_not_recorded": session.dropped},
-            )
+        self.writer.note(
+            session.run,
+            truncated={"reason": session.truncated, "calls_not_recorded": session.dropped},
+        )
 
     def end_run(self, run: str) -> bool | None:
         """End a run: with sampling, keep or drop it. True kept, False dropped, None unknown."""
@@ -377,7 +392,6 @@ class RecordTransport:
             self.writer.drop_run(run, session.blobs)
             assert self.writer.sampling is not None
             self.writer.sampling["dropped_runs"] = int(self.writer.sampling["dropped_runs"]) + 1
-            self.writer.write_manifest()
             log.debug("run %r not kept by sampling", run)
             return False
         self.writer.note(run, kept=why)
@@ -474,6 +488,9 @@ class RecordTransport:
     ) -> None:
         session.inflight -= 1
         reservation.release()
+        if self.sessions.get(session.run) is session:  # idle from the end of its last call
+            session.last_active = self.clock()
+            self.sessions.move_to_end(session.run)
         if session.discard or abandoned:
             if abandoned and not session.discard:
                 self._truncate(session, "max_bytes")
@@ -560,7 +577,16 @@ class RecordTransport:
 
 
 def _large(ex: Exchange) -> bool:
+    """Whether writing ``ex`` may take long enough to leave the event loop for a thread: a
+    large body, or a coded one (a few KiB of gzip may inflate to ``DECODE_LIMIT``)."""
     bodies = (ex.request_body, ex.response.body if ex.response else None)
-    return any(
+    if any(
         isinstance(b, Spilled) or (isinstance(b, bytes) and len(b) > INLINE_LIMIT) for b in bodies
+    ):
+        return True
+    resp = ex.response
+    if resp is None or not resp.body:
+        return False
+    return bool(content_codings(resp.headers)) or (
+        isinstance(resp.body, bytes) and bool(sniff(resp.body[:4]))
     )

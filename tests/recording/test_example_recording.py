@@ -8,9 +8,9 @@ from typing import Any
 
 from gateway.app import build_gateway
 from gateway.config import load_settings
+from gateway.recording.lint import lint
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import lint
 from gateway.transports.replay import ReplayTransport
 from mocks.demo import prepare_workspace
 from mocks.make_example import make_example

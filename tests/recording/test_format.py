@@ -70,6 +70,7 @@ def test_round_trip_inline_base64_and_blob(tmp_path: Path) -> None:
             "denials": 0,
             "errors": 0,
             "started": manifest["runs"][0]["started"],
+            "size": (tmp_path / "runs" / "r1.jsonl").stat().st_size,
         }
     ]
 

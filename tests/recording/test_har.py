@@ -10,8 +10,8 @@ import pytest
 
 from gateway.errors import UpstreamUnavailable
 from gateway.recording.har import HarError, export_har, import_har
+from gateway.recording.lint import lint
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import lint
 from gateway.transports.replay import ReplayTransport
 from tests.recording.conftest import read_all_bytes
 from tests.recording.helpers import drain, mini_policy, request

@@ -11,13 +11,13 @@ import pytest
 
 from gateway.credentials import Injection, Secret
 from gateway.recording.format import INLINE_LIMIT
+from gateway.recording.lint import lint
 from gateway.recording.reader import load_recording
 from gateway.recording.redact import (
     OVERLAP,
     WINDOW,
     KnownSecret,
     Redactor,
-    lint,
     remap_offsets,
 )
 from tests.recording.helpers import exchange, write
@@ -245,3 +245,94 @@ def test_lint_reports_a_truncated_line(tmp_path: Path) -> None:
     with (clean / "runs" / "r1.jsonl").open("a") as fh:
         fh.write('{"seq": 2')
     assert [(f.line, f.kind) for f in lint(clean)] == [(2, "truncated-line")]
+
+
+# --- channels an upstream can hide a credential in ------------------------------------------
+
+
+def test_a_secret_behind_json_escapes_is_redacted_and_the_json_stays_valid() -> None:
+    escaped = "\\u00" + format(ord(SECRET[0]), "x") + SECRET[1:]
+    body = ('{"msg": "login as admin:' + escaped + ' failed", "n": "caf\\u00e9"}').encode()
+    out = R.body(body, [KEY]).data
+    assert json.loads(out) == {"msg": "login as admin:[secret:metrics:bearer] failed", "n": "café"}
+    jwt = "\\u0065" + JWT[1:]  # a token shape behind an escape
+    assert json.loads(R.body(('["' + jwt + '"]').encode()).data) == ["[redacted:jwt]"]
+    # NDJSON or server-sent events: JSON strings inside any body are checked the same way.
+    sse = ("data: " + json.dumps({"t": JWT}).replace("e", "\\u0065", 1) + "\n\n").encode()
+    assert b"[redacted:jwt]" in R.body(sse).data
+    # Escapes of other characters hide nothing: the bytes are left as they are.
+    plain = b'{"n": "caf\\u00e9", "p": "a\\nb"}'
+    assert R.body(plain).data == plain and R.body(plain).spans == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("https://admin:hunter2@db.internal/x", "https://[redacted:userinfo]@db.internal/x"),
+        ("https://ghp_token@github.com/o/r.git", "https://[redacted:userinfo]@github.com/o/r.git"),
+        (
+            "https://h/cb?code=1&key=AIzaXX&sig=abc%2Bdef&api-key=k&page_token=p&x=1",
+            "https://h/cb?code=1&key=[redacted:key]&sig=[redacted:key]&api-key=[redacted:key]"
+            "&page_token=p&x=1",
+        ),
+        (
+            "s3 https://b.s3.amazonaws.com/o?X-Amz-Credential=AK%2F1&X-Amz-Signature=f00d",
+            "s3 https://b.s3.amazonaws.com/o?X-Amz-Credential=[redacted:key]"
+            "&X-Amz-Signature=[redacted:key]",
+        ),
+        (  # percent-encoded inside another URL's query
+            "/login?next=https%3A%2F%2Fu%3Ap%40h%2Fx%3Ftoken%3Dabc%26b%3D1",
+            "/login?next=https%3A%2F%2F[redacted:userinfo]%40h%2Fx%3Ftoken%3D[redacted:key]"
+            "%26b%3D1",
+        ),
+        ("http://example.com/docs?q=token&page=2", "http://example.com/docs?q=token&page=2"),
+        ("mailto:someone@example.com", "mailto:someone@example.com"),
+    ],
+)
+def test_credentials_in_urls(text: str, expected: str) -> None:
+    assert R.text(text) == expected
+    assert R.text(expected) == expected  # redacting twice changes nothing
+
+
+def test_credentials_in_json_escaped_urls_keep_the_json_valid() -> None:
+    body = (
+        b'{"next": "https:\\/\\/svc:pw@h\\/cb?access_token=abc\\u0026n=1",'
+        b' "q": "a=1&password=x\\"y"}'
+    )
+    out = json.loads(R.body(body).data)
+    assert out == {
+        "next": "https://[redacted:userinfo]@h/cb?access_token=[redacted:key]&n=1",
+        "q": 'a=1&password=[redacted:key]"y',
+    }
+
+
+def test_reason_phrases_and_header_names() -> None:
+    b64 = base64.b64encode(b"k:" + SECRET.encode()).decode()
+    assert "mt-9f8e" not in R.text(f"OK {SECRET} {b64}", [KEY])
+    out = R.headers(
+        [
+            (f"X-Seen-{SECRET.upper()}", "1"),  # reflected in another case (HTTP/2 lower-cases)
+            (f"X-{JWT}", "1"),  # a token shape as a name
+            ("Location", "https://u:p@h/?token=t"),
+            ("X-Ok", "fine"),
+        ],
+        [KEY],
+    )
+    assert out == [
+        ("Location", "https://[redacted:userinfo]@h/?token=[redacted:key]"),
+        ("X-Ok", "fine"),
+    ]
+
+
+def test_a_recording_made_before_url_redaction_still_matches(tmp_path: Path) -> None:
+    from gateway.recording.matching import Matcher, make_probe
+
+    write(tmp_path, exchange(1, "/go?next=https://u:pw@h/", b"ok"))
+    path = tmp_path / "runs" / "r1.jsonl"
+    record = json.loads(path.read_text())
+    record["target"] = "/go?next=https://u:pw@h/"  # as an older capgate wrote it
+    path.write_text(json.dumps(record) + "\n")
+    probe = make_probe("api", "GET", "/go?next=https://u:pw@h/", None, None)
+    assert probe.target == "/go?next=https://[redacted:userinfo]@h/"
+    entry = Matcher(load_recording(tmp_path)).state("r1").answer(probe)
+    assert entry.seq == 1

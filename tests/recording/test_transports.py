@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
+from gateway.recording.lint import lint
 from gateway.recording.reader import load_recording
-from gateway.recording.redact import lint
 from gateway.transports.modes import build_transport
 from gateway.transports.record import RecordTransport
 from gateway.transports.replay import ReplayOrRecordTransport, ReplayTransport, ShadowTransport

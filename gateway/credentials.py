@@ -104,6 +104,54 @@ def reflected_forms(secret: str) -> tuple[bytes, ...]:
     return tuple(form for _, form in labelled_forms(secret))
 
 
+def _escapes(char: str) -> list[bytes]:
+    """The ways JSON may write ``char`` inside a string, as regular expressions."""
+    alts = [re.escape(char.encode())]
+    if ord(char) < 0x10000:
+        hex_digits = f"{ord(char):04x}"
+        alts.append(
+            rb"\\u"
+            + "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in hex_digits).encode()
+        )
+    if char in '/"\\':
+        alts.append(re.escape(("\\" + char).encode()))
+    return alts
+
+
+@dataclass(frozen=True, slots=True)
+class Reflections:
+    """Everything the respond stage looks for to keep one secret from the agent: its exact
+    byte forms (``labelled_forms``), the same with any of its characters JSON-escaped
+    (``\\u0068unter2``: a decoder reads the secret, no exact form matches), and its text
+    forms lower-cased for header names (which HTTP/2 lower-cases on the way)."""
+
+    forms: tuple[bytes, ...]
+    names: tuple[str, ...]
+    escaped: re.Pattern[bytes]
+    longest: int  # the longest match any of them can have
+
+    def mask(self, data: bytes) -> bytes:
+        """``data`` with every reflection replaced by asterisks of the same length."""
+        for form in self.forms:
+            if form in data:
+                data = data.replace(form, b"*" * len(form))
+        if b"\\" in data:
+            data = self.escaped.sub(lambda m: b"*" * len(m.group()), data)
+        return data
+
+    def in_name(self, name: str) -> bool:
+        low = name.lower()
+        return any(text in low for text in self.names)
+
+
+@functools.lru_cache(maxsize=4096)
+def reflections_of(secret: str) -> Reflections:
+    forms = reflected_forms(secret)
+    escaped = re.compile(b"".join(b"(?:" + b"|".join(_escapes(c)) + b")" for c in secret))
+    names = tuple(f.decode("latin-1").lower() for f in forms)
+    return Reflections(forms, names, escaped, max(6 * len(secret), *(len(f) for f in forms)))
+
+
 class Credentialing(Protocol):
     """What the gateway asks of a credential source: ``CredentialStore``, or in replay mode
     ``PlaceholderCredentials``."""

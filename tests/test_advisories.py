@@ -816,11 +816,18 @@ async def hostile(
     client = await serve_gateway(gw)
     auth = {"Authorization": f"Bearer {workspace.token('a1', ['r'], run='r1')}"}
 
-    async def record(kind: str) -> tuple[Path, int]:
+    async def record(kind: str, keep: bool = False) -> Any:
+        """Call ``/up/<kind>``: the recording and the status; with ``keep``, also what the
+        agent got (reason, headers and body, as bytes)."""
         resp = await client.get(f"/up/{kind}", headers=auth)
-        await resp.read()
+        body = await resp.read()
         await gw.transport.close()  # the recording as a stopped gateway leaves it
-        return rec, resp.status
+        if not keep:
+            return rec, resp.status
+        head = f"{resp.status} {resp.reason}\r\n".encode("latin-1") + b"".join(
+            k + b": " + v + b"\r\n" for k, v in resp.raw_headers
+        )
+        return rec, resp.status, head + b"\r\n" + body
 
     return record
 
@@ -874,9 +881,15 @@ async def test_recording_redacts_a_secret_inside_a_compressed_body(hostile: Any,
     or gzip bytes as ``application/gzip``) was stored compressed, where no scan saw the key.
     Now it is decoded, redacted and encoded again, and replay sends those stored bytes."""
     rec, status = await hostile(kind)
-    assert status == 200 and _leaks(rec, UP_KEY) == []
+    # The agent is refused such an answer (test_the_agent_never_gets_the_credential_...);
+    # the recording still keeps what the upstream said, redacted.
+    assert status == 502 and _leaks(rec, UP_KEY) == []
     [line] = (rec / "runs" / "r1.jsonl").read_text().splitlines()
-    body = base64.b64decode(json.loads(line)["response"]["body"]["base64"])
+    stored = json.loads(line)["response"]["body"]
+    if kind == "gzip":  # refused on its header: the body was never read, nor recorded
+        assert stored is None
+        return
+    body = base64.b64decode(stored["base64"])
     assert json.loads(gzip.decompress(body)) == {
         "echo": "[secret:up:header]",
         "msg": "login as admin:[secret:up:header]",
@@ -1034,3 +1047,23 @@ def test_recording_manifest_counts_are_right_after_kill_9(
     assert verify("--repair").returncode == 0
     manifest = json.loads((rec / "manifest.json").read_text())
     assert {r["run"]: r["calls"] for r in manifest["runs"]} == {"r0": 1, "r1": 2, "r2": 3}
+
+
+@pytest.mark.parametrize("kind", ["header-name", "gzip", "gzip-unlabelled", "json-escaped"])
+async def test_the_agent_never_gets_the_credential_through_a_hostile_upstream(
+    hostile: Any, kind: str
+) -> None:
+    """CG-2026-14: with a hostile upstream the agent still received the injected key: gzip
+    declared after an ``identity`` coding (only the first header was read), gzip bytes with no
+    coding at all, a JSON-escaped copy (``\\u0048unter2``) and a header name holding it in
+    lower case. Each is now refused (compressed) or masked (escaped, header names any case)."""
+    directory, status, answer = await hostile(kind, keep=True)
+    text = answer.decode("latin-1").lower()
+    assert UP_KEY.lower() not in text, kind
+    if kind.startswith("gzip"):
+        assert status == 502 and b"upstream_unavailable" in answer
+        return
+    assert status == 200
+    if kind == "json-escaped":
+        decoded = json.loads(answer.split(b"\r\n\r\n", 1)[-1])
+        assert UP_KEY not in decoded["msg"] and "*" in decoded["msg"]

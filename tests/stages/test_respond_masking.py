@@ -1,0 +1,90 @@
+"""The respond stage's masking of an injected credential, as a property: however an upstream
+splits its answer into chunks, and whichever of the secret's characters it JSON-escapes, the
+agent never gets bytes from which the secret can be read back; and an answer that does not
+carry the secret passes unchanged."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.credentials import reflections_of
+from gateway.stages.respond import Scrubber
+
+SECRET = "Hunter2-Xy7Q9/pLm4Rt"
+
+
+def scrub(chunks: list[bytes], secret: str = SECRET) -> bytes:
+    scrubber = Scrubber(reflections_of(secret))
+    return b"".join(scrubber.feed(c) for c in chunks) + scrubber.flush()
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(data)) for c in cuts})
+    out, last = [], 0
+    for p in points:
+        out.append(data[last:p])
+        last = p
+    out.append(data[last:])
+    return out
+
+
+def json_escaped(secret: str, which: list[bool], upper: bool) -> str:
+    out = []
+    for char, escape in zip(secret, which + [False] * len(secret), strict=False):
+        if escape:
+            code = f"{ord(char):04x}"
+            out.append("\\u" + (code.upper() if upper else code))
+        elif char == "/":
+            out.append("\\/")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+FILLER = st.text(
+    st.characters(min_codepoint=32, max_codepoint=126, exclude_characters='\\"'), max_size=40
+)
+
+
+@settings(max_examples=300)
+@given(
+    before=FILLER,
+    after=FILLER,
+    which=st.lists(st.booleans(), max_size=len(SECRET)),
+    upper=st.booleans(),
+    cuts=st.lists(st.integers(0, 200), max_size=8),
+)
+def test_an_escaped_secret_is_never_readable_whatever_the_chunks(
+    before: str, after: str, which: list[bool], upper: bool, cuts: list[int]
+) -> None:
+    body = json.dumps({"msg": "x"}).replace('"x"', '"' + before + "SECRET" + after + '"')
+    body = body.replace("SECRET", json_escaped(SECRET, which, upper))
+    raw = body.encode()
+    out = scrub(split(raw, cuts))
+    assert len(out) == len(raw)  # masking keeps lengths
+    assert SECRET not in json.loads(out)["msg"]
+
+
+@settings(max_examples=300)
+@given(text=st.binary(max_size=300), cuts=st.lists(st.integers(0, 300), max_size=8))
+def test_an_answer_without_the_secret_passes_unchanged(text: bytes, cuts: list[int]) -> None:
+    if any(f in text for f in reflections_of(SECRET).forms) or re.search(
+        reflections_of(SECRET).escaped, text
+    ):
+        return
+    assert scrub(split(text, cuts)) == text
+
+
+@given(pad=st.integers(0, 2), cuts=st.lists(st.integers(0, 120), max_size=6))
+def test_base64_of_the_secret_inside_longer_text_cannot_be_decoded(
+    pad: int, cuts: list[int]
+) -> None:
+    encoded = base64.b64encode(b"\0" * pad + SECRET.encode() + b" and more")
+    out = scrub(split(b"data=" + encoded + b";", cuts))
+    decoded = base64.b64decode(out[5:-1].replace(b"*", b"A"))
+    assert SECRET.encode() not in decoded

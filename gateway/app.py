@@ -34,6 +34,7 @@ from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError
 from gateway.inflight import InFlight
+from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
 from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -67,6 +68,37 @@ def file_stamps(paths: Sequence[str | Path]) -> Stamp:
     return tuple(stamps)
 
 
+@dataclass
+class WatchState:
+    """The background loop's own health: shown by the health endpoint, logged once per kind
+    of error (later ones counted), cleared by the next clean tick."""
+
+    next_health: float = 0.0
+    store_reachable: bool = True
+    error: str | None = None
+    failures: int = 0
+    _logged: set[str] = field(default_factory=set)
+
+    def failed(self, exc: Exception) -> None:
+        kind = type(exc).__name__
+        self.failures += 1
+        self.error = f"{kind}: {exc}"[:300]
+        if kind not in self._logged and len(self._logged) < 64:
+            self._logged.add(kind)
+            log.error("background loop: %s (it keeps running)", self.error, exc_info=exc)
+        else:
+            log.error("background loop: %s (it keeps running; %d failures)", kind, self.failures)
+
+    def passed(self) -> None:
+        if self.error is not None:
+            log.info("background loop: a clean pass after %d failure(s)", self.failures)
+        self.error = None
+        self.failures = 0
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.error is None, "error": self.error, "failures": self.failures}
+
+
 class PolicyHolder:
     """The policy in force; ``match_policy`` reads it once per call, a reload swaps it."""
 
@@ -92,6 +124,8 @@ class Gateway:
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
     upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
+    guard: ConnectionGuard = field(default_factory=ConnectionGuard)
+    watch: WatchState = field(default_factory=WatchState)
     pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,23 +162,32 @@ class Gateway:
         try:
             stamp = file_stamps((path, *self.policy.files[1:]))
         except OSError as exc:
-            log.error("policy file %s cannot be read: %s; keeping the policy in force", path, exc)
+            # Between a delete and a create (git checkout, some editors): said once, retried.
+            if self.policies.stamp != ():
+                log.error(
+                    "policy file %s cannot be read: %s; keeping the policy in force", path, exc
+                )
+                self.policies.stamp = ()
             return False
         if stamp == self.policies.stamp:
             return False
-        self.policies.stamp = stamp
         try:
             policy = load_policy(path)
             self.credentials.check_policy(policy)
             check_approvers(policy, self.settings)
         except PolicyError as exc:
+            self.policies.stamp = stamp  # reported once; the next edit is tried again
             for issue in exc.issues:
                 log.error("policy reload refused: %s", issue)
             log.error("keeping the policy in force (%s)", self.policy.digest)
             return False
         except ConfigError as exc:
+            self.policies.stamp = stamp
             log.error("policy reload refused: %s; keeping the policy in force", exc)
             return False
+        # Anything else escapes to the background loop, which reports it; the stamp is left
+        # as it was, so the same file is tried again on the next pass.
+        self.policies.stamp = stamp
         if policy.digest == self.policy.digest:
             return False
         self.policies.policy = policy
@@ -218,19 +261,28 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         audit=audit,
         mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
         telemetry=telemetry,
-        approvals=Approvals(settings.approval_timeout),
+        approvals=Approvals(settings.approval_timeout, per_agent=settings.approvals_per_agent),
         observers=tuple(observers),
+        guard=ConnectionGuard(
+            max_connections=settings.max_connections,
+            head_timeout=settings.head_timeout,
+            idle_timeout=settings.idle_timeout,
+        ),
     )
 
 
 async def _health(gw: Gateway) -> web.Response:
     state = await gw.state.health()
-    ok = bool(state.get("reachable", False))
+    background = gw.watch.health()
+    ok = bool(state.get("reachable", False)) and background["ok"]
     body = {
         "status": "ok" if ok else "degraded",
         "version": __version__,
         "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
         "state": state,
+        "background": background,
+        "connections": {"open": gw.guard.open, "max": gw.guard.max_connections},
+        "upstreams_in_flight": gw.upstream_shares.snapshot(),
     }
     return web.json_response(body, status=200 if ok else 503)
 
@@ -273,29 +325,45 @@ GC_THRESHOLDS = (5_000, 10, 10)
 
 async def _watch(gw: Gateway) -> None:
     """Reload the policy when its file changes; flush the audit file; log the store's health
-    when it changes (reachable <-> unreachable)."""
+    when it changes (reachable <-> unreachable) and the listener's summaries.
+
+    The loop survives every error: one that escapes a tick is logged (its traceback once per
+    kind of error, then counted) and shown by the health endpoint until a tick passes clean;
+    policy edits are still picked up after it."""
     loop = asyncio.get_running_loop()
-    next_health = 0.0
-    reachable = True
+    watch = gw.watch
     while True:
         await asyncio.sleep(gw.settings.reload_interval)
-        gw.reload_policy()
-        gw.audit.flush()
-        if loop.time() >= next_health:
-            next_health = loop.time() + STATE_HEALTH_EVERY
-            health = await gw.state.health()
-            now_reachable = bool(health.get("reachable"))
-            if now_reachable != reachable:
-                if now_reachable:
-                    log.info("state store %s reachable again", health.get("backend"))
-                else:
-                    log.error(
-                        "state store %s unreachable: %s; calls that need it are denied "
-                        "(state_unavailable)",
-                        health.get("backend"),
-                        health.get("detail"),
-                    )
-                reachable = now_reachable
+        try:
+            await _tick(gw, loop.time())
+        except Exception as exc:
+            watch.failed(exc)
+        else:
+            watch.passed()
+
+
+async def _tick(gw: Gateway, now: float) -> None:
+    gw.reload_policy()
+    gw.audit.flush()
+    summary = gw.guard.summarise(now)
+    if summary is not None:
+        log.warning("%s", summary)
+    watch = gw.watch
+    if now < watch.next_health:
+        return
+    watch.next_health = now + STATE_HEALTH_EVERY
+    health = await gw.state.health()
+    now_reachable = bool(health.get("reachable"))
+    if now_reachable != watch.store_reachable:
+        if now_reachable:
+            log.info("state store %s reachable again", health.get("backend"))
+        else:
+            log.error(
+                "state store %s unreachable: %s; calls that need it are denied (state_unavailable)",
+                health.get("backend"),
+                health.get("detail"),
+            )
+        watch.store_reachable = now_reachable
 
 
 # A handler is cancelled when its agent hangs up, so an abandoned call (a held approval, an
@@ -327,9 +395,10 @@ def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.Stre
 
 
 def create_server(gw: Gateway) -> web.Server:
-    """The agents' listener (aiohttp's low-level server: no router, no middleware); its
-    resources are opened by ``running(gw)``. Call within a running event loop."""
-    return web.Server(agent_handler(gw), **SERVER_OPTIONS)
+    """The agents' listener (aiohttp's low-level server: no router, no middleware, with the
+    connection guard of ``listener.py``); its resources are opened by ``running(gw)``. Call
+    within a running event loop."""
+    return AgentServer(tracked(agent_handler(gw)), gw.guard, **SERVER_OPTIONS)
 
 
 def configure_logging(level: str) -> None:
@@ -364,6 +433,43 @@ async def serve(
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
 
 
+CANCEL_WAIT = 0.5
+"""Seconds aiohttp waits for calls cut at the end of the grace to unwind."""
+
+
+async def _drain(gw: Gateway, runner: web.ServerRunner, grace: float) -> None:
+    """Let calls in flight finish, up to ``grace`` seconds; idle connections close now."""
+    server = runner.server
+    if server is not None:
+        server.pre_shutdown()  # closes idle connections; busy ones close after their answer
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while gw.guard.busy and loop.time() < deadline:
+        await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))
+    if gw.guard.busy:
+        log.warning("shutdown grace over: cutting %d call(s) still in flight", gw.guard.busy)
+
+
+def _fit_connections(gw: Gateway) -> None:
+    """Keep the cap on agent connections below what the descriptor limit leaves after the
+    upstreams' connections (a flood must meet the cap, never EMFILE)."""
+    upstreams = sum(up.concurrency for up in gw.policy.upstreams.values())
+    budget = fd_budget(upstreams)
+    if budget < 16:
+        raise ConfigError(
+            f"the file descriptor limit leaves room for {budget} agent connections after "
+            f"{upstreams} upstream connections; raise it (ulimit -n) or lower the upstreams' "
+            "limits.concurrency"
+        )
+    if gw.guard.max_connections > budget:
+        log.warning(
+            "max_connections %d lowered to %d to stay below the file descriptor limit",
+            gw.guard.max_connections,
+            budget,
+        )
+        gw.guard.max_connections = budget
+
+
 async def _listen(
     gw: Gateway,
     settings: Settings,
@@ -371,9 +477,10 @@ async def _listen(
     on_ready: Callable[[str], None] | None,
 ) -> None:
     """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
-    runner = web.ServerRunner(
-        create_server(gw), handle_signals=False, shutdown_timeout=settings.shutdown_grace
-    )
+    _fit_connections(gw)
+    # The grace is kept here (``_drain``); aiohttp's own shutdown then only cancels what is
+    # left, briefly, so SIGTERM ends within the grace and a second.
+    runner = web.ServerRunner(create_server(gw), handle_signals=False, shutdown_timeout=CANCEL_WAIT)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
     try:
@@ -421,9 +528,12 @@ async def _listen(
             "shutting down: no new calls; waiting up to %ss for calls in flight",
             settings.shutdown_grace,
         )
+        await site.stop()
+        await _drain(gw, runner, settings.shutdown_grace)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        gw.inflight.stopping = True  # calls still running now are cut, and audited so
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ApprovalDenied, ApprovalTimeout
+from gateway.shares import Shares
 
 MAX_PENDING = 1000
 BODY_PREVIEW = 4096
@@ -52,11 +53,13 @@ class Pending:
 
 
 class Approvals:
-    """Pending approvals of this gateway."""
+    """Pending approvals of this gateway: at most ``MAX_PENDING`` in all and ``per_agent`` of
+    one agent at once (``Shares``), so one agent's held calls never refuse another's."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, per_agent: int = 10, capacity: int = MAX_PENDING) -> None:
         self.timeout = timeout
         self._pending: dict[str, Pending] = {}
+        self.slots = Shares("calls held for approval", capacity, per_agent)
 
     def pending(self) -> list[dict[str, Any]]:
         return [p.public() for p in self._pending.values()]
@@ -79,9 +82,24 @@ class Approvals:
         target: str,
         body: bytes | None,
     ) -> str:
-        """Wait for a decision; return the approval id when approved, raise otherwise."""
-        if len(self._pending) >= MAX_PENDING:
-            raise ApprovalDenied("too many calls are waiting for approval", rule=rule)
+        """Wait for a decision; return the approval id when approved, raise otherwise
+        (``ConcurrencyLimited`` when the agent already has its share of calls held)."""
+        if not self.slots.try_acquire(agent):
+            raise self.slots.refusal(agent)
+        try:
+            return await self._hold(agent, run, rule, method, target, body)
+        finally:
+            self.slots.release(agent)
+
+    async def _hold(
+        self,
+        agent: str,
+        run: str | None,
+        rule: str,
+        method: str,
+        target: str,
+        body: bytes | None,
+    ) -> str:
         approval_id = os.urandom(8).hex()
         now = time.time()
         preview = None

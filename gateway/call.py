@@ -12,6 +12,7 @@ matched, checked, limited and counted on its own.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import HttpVersion11
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout
 from gateway.payload import Findings
 
 if TYPE_CHECKING:
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from gateway.target import Target
     from gateway.tokens import Claims
     from gateway.transport import UpstreamResponse
+
+
+BODY_READ_TIMEOUT = 30.0
+"""Seconds an agent has to send a whole request body, however it trickles."""
 
 
 @dataclass(slots=True)
@@ -144,11 +149,17 @@ class Call:
             raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in self.request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(BODY_READ_TIMEOUT):
+                async for chunk in self.request.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the request body did not arrive within {BODY_READ_TIMEOUT:g} s"
+            ) from None
         self.body = b"".join(chunks)
         return self.body
 

@@ -100,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
     s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
     s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")
+    s.add_argument(
+        "--approvals-per-agent", dest="approvals_per_agent", help="held calls per agent (10)"
+    )
+    s.add_argument(
+        "--max-connections", dest="max_connections", help="agent connections at once (1024)"
+    )
+    s.add_argument("--head-timeout", dest="head_timeout", help="request head deadline (10s)")
+    s.add_argument("--idle-timeout", dest="idle_timeout", help="idle connection close (60s)")
 
     k = sub.add_parser("keys", help="signing keys")
     ksub = k.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)

@@ -33,6 +33,10 @@ log_level              info                 debug, info, warning, error
 admin_port             (none: off)          admin API listener (approvals), on ``host``
 admin_token_file       (none)               bearer token of the admin API (a 0600 file)
 approval_timeout       5m                   how long a held call waits for a decision
+approvals_per_agent    10                   calls of one agent held for approval at once
+max_connections        1024                 agent connections open at once (kept below the fd limit)
+head_timeout           10s                  a request's head must arrive whole within this
+idle_timeout           60s                  a connection with no complete request is closed
 traces                 (none: off)          OpenTelemetry spans: ``console`` or a JSON-lines file
 =====================  ===================  ===========================================
 """
@@ -74,6 +78,10 @@ class Settings:
     admin_port: int | None = None
     admin_token_file: Path | None = None
     approval_timeout: float = 300.0
+    approvals_per_agent: int = 10
+    max_connections: int = 1024
+    head_timeout: float = 10.0
+    idle_timeout: float = 60.0
 
 
 def _port(value: Any) -> int:
@@ -86,6 +94,17 @@ def _port(value: Any) -> int:
     if not 0 <= port <= 65535:
         raise ValueError("expected an integer 0-65535")
     return port
+
+
+def _count(value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit())
+    ):
+        raise ValueError(f"expected an integer {lo}-{hi}")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise ValueError(f"expected an integer {lo}-{hi}")
+    return number
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -176,6 +195,10 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "admin_port": _port,
     "admin_token_file": _optional_path,
     "approval_timeout": _positive_duration,
+    "approvals_per_agent": lambda v: _count(v, 1, 1000),
+    "max_connections": lambda v: _count(v, 16, 1_000_000),
+    "head_timeout": _positive_duration,
+    "idle_timeout": _positive_duration,
 }
 TOKEN_FIELDS = {
     "algorithm": "algorithm",

@@ -61,6 +61,8 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
+    REQUEST_TIMEOUT = "request_timeout"
+    GATEWAY_STOPPING = "gateway_stopping"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     REPLAY_MISS = "replay_miss"
@@ -322,6 +324,24 @@ class ConcurrencyLimited(Throttled):
         super().__init__(detail, **kw)
 
 
+class RequestTimeout(GatewayError):
+    """Raised when the agent does not send its whole request (its body) in time."""
+
+    status = 408
+    reason = Reason.REQUEST_TIMEOUT
+    title = "Request not received in time"
+    close_connection = True
+
+
+class GatewayStopping(GatewayError):
+    """Raised (and audited) for a call still in flight when the gateway's shutdown grace
+    ended: it was cut, whatever the upstream did."""
+
+    status = 503
+    reason = Reason.GATEWAY_STOPPING
+    title = "Gateway stopping"
+
+
 class ApprovalTimeout(GatewayError):
     """Raised when nobody decided on a held call before the approval deadline."""
 
@@ -417,6 +437,8 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
+    Reason.REQUEST_TIMEOUT: RequestTimeout,
+    Reason.GATEWAY_STOPPING: GatewayStopping,
     Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,
     Reason.UPSTREAM_TIMEOUT: UpstreamTimeout,
     Reason.REPLAY_MISS: ReplayMiss,

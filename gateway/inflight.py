@@ -12,6 +12,9 @@ from gateway.errors import TokenRevoked
 class InFlight:
     def __init__(self) -> None:
         self._calls: dict[Call, asyncio.Task[Any]] = {}
+        # Set when the shutdown grace is over: a call cancelled from then on was cut by the
+        # gateway (gateway_stopping), not abandoned by its agent (client_closed).
+        self.stopping = False
 
     def add(self, call: Call, task: asyncio.Task[Any] | None) -> None:
         if task is not None:

@@ -26,7 +26,7 @@ from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
 from gateway.call import Call, CallObserver, CallProtocol
 from gateway.credentials import Credentialing
-from gateway.errors import ClientClosed, GatewayError, InternalError
+from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
 from gateway.inflight import InFlight
 from gateway.shares import UpstreamShares
 from gateway.stages.approve import Approve
@@ -124,9 +124,13 @@ class Pipeline:
             # A revocation cancels the calls in flight of the revoked token, agent or run;
             # the upstream connection was closed as the cancellation unwound the transport.
             if call.revoked is None or task is None:
-                # The agent hung up (the server cancels the handler) or the gateway is
-                # stopping: the upstream was let go as the cancellation unwound.
-                call.error = ClientClosed("the agent's connection closed before the answer")
+                # The agent hung up (the server cancels the handler) or the gateway's
+                # shutdown grace is over: the upstream was let go as the cancellation unwound.
+                call.error = (
+                    GatewayStopping("the gateway stopped before this call finished")
+                    if self.inflight.stopping
+                    else ClientClosed("the agent's connection closed before the answer")
+                )
                 raise
             task.uncancel()
             call.error = call.revoked

@@ -279,20 +279,45 @@ def _plain(value: Any) -> Any:
 MAX_POLICY_BYTES = 4 * 1024 * 1024
 
 
+MAX_NESTING = 64
+
+
+def _nesting(text: str) -> int:
+    """An upper bound of the flow nesting ([ and { outside quotes are counted; block nesting
+    is bounded by indentation within MAX_POLICY_BYTES): deep nesting is refused before the
+    parser recurses into it."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def read_text(path: str | Path) -> str:
+    """A policy file's text, read once; any failure is a ``PolicyError``."""
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise PolicyError([Issue(name, 1, 1, f"cannot read file: {exc.strerror}")]) from exc
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError([Issue(name, 1, 1, "file is larger than 4 MiB")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError([Issue(name, 1, 1, "file is not valid UTF-8")]) from exc
+
+
 def read_document(path: str | Path, text: str | None = None) -> Node:
     """Parse one YAML file into a root ``Node``; syntax errors become a ``PolicyError``."""
     name = str(path)
     if text is None:
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as exc:
-            raise PolicyError([Issue(name, 1, 1, f"cannot read file: {exc.strerror}")]) from exc
-        if len(raw) > MAX_POLICY_BYTES:
-            raise PolicyError([Issue(name, 1, 1, "file is larger than 4 MiB")])
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PolicyError([Issue(name, 1, 1, "file is not valid UTF-8")]) from exc
+        text = read_text(path)
+    if _nesting(text) > MAX_NESTING:
+        raise PolicyError([Issue(name, 1, 1, f"nested deeper than {MAX_NESTING} levels")])
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
@@ -305,6 +330,8 @@ def read_document(path: str | Path, text: str | None = None) -> Node:
         raise PolicyError([Issue(name, line, col, f"YAML: {problem}")]) from exc
     except YAMLError as exc:
         raise PolicyError([Issue(name, 1, 1, f"YAML: {exc}")]) from exc
+    except RecursionError as exc:  # a bound below caught most; the parser's own stack
+        raise PolicyError([Issue(name, 1, 1, "YAML: nested too deeply")]) from exc
     issues: list[Issue] = []
     if data is None:
         raise PolicyError([Issue(name, 1, 1, "the file is empty")])

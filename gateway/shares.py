@@ -107,7 +107,7 @@ class Shares:
         if self.try_acquire(agent):
             return
         if wait <= 0:
-            raise self._refusal(agent)
+            raise self.refusal(agent)
         waiter = _Waiter(agent, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         try:
@@ -121,7 +121,7 @@ class Shares:
                     self._waiters.remove(waiter)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise self._refusal(agent) from None
+            raise self.refusal(agent) from None
 
     @contextlib.asynccontextmanager
     async def slot(self, agent: str, wait: float) -> AsyncIterator[None]:
@@ -132,7 +132,8 @@ class Shares:
         finally:
             self.release(agent)
 
-    def _refusal(self, agent: str) -> ConcurrencyLimited:
+    def refusal(self, agent: str) -> ConcurrencyLimited:
+        """The error for ``agent`` when no slot can be had (its share, or all, taken)."""
         if self._held.get(agent, 0) >= self.per_agent:
             return ConcurrencyLimited(
                 f"agent {agent!r} already holds its share of {self.what} "

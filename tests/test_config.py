@@ -247,6 +247,10 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "admin_port": "8788",
         "admin_token_file": "admin.token",
         "approval_timeout": "90s",
+        "approvals_per_agent": "3",
+        "max_connections": "100",
+        "head_timeout": "5s",
+        "idle_timeout": "30s",
         "mode": "record",
         "recordings": "rec",
         "replay_report": "report.json",
@@ -258,6 +262,8 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
     assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
     assert (s.mode, s.recordings, s.sample) == ("record", Path("rec"), 0.01)
+    assert (s.approvals_per_agent, s.max_connections) == (3, 100)
+    assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"

@@ -31,7 +31,7 @@ from gateway.policy.model import (
     UriPattern,
     volatile_problem,
 )
-from gateway.policy_file import Node, PolicyError, read_document
+from gateway.policy_file import Node, PolicyError, read_document, read_text
 from gateway.target import UPSTREAM_NAME
 
 SUPPORTED_VERSIONS = (1,)
@@ -64,8 +64,8 @@ RESERVED_HEADERS = frozenset(
 
 def load_policy(path: str | Path, text: str | None = None) -> Policy:
     """Load and compile a policy file; raise ``PolicyError`` with every problem found."""
-    root = read_document(path, text)
-    raw_text = text if text is not None else Path(path).read_text("utf-8")
+    raw_text = text if text is not None else read_text(path)
+    root = read_document(path, raw_text)
     doc = root.as_map(required=spec.DOCUMENT.required, optional=spec.DOCUMENT.optional)
     if doc is None:
         raise PolicyError(root.issues)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from gateway.errors import ConfigError, InternalError
@@ -38,6 +38,7 @@ ENV_AGENT_SAFE = re.compile(r"[A-Za-z0-9_]+")
 FILE_RECHECK_SECONDS = 5.0
 MAX_SECRET_BYTES = 16 * 1024
 MAX_CACHED_INJECTIONS = 4096  # (upstream, credential, agent) entries kept for env: secrets
+MAX_CACHED_SECRETS = 4096  # agent JWTs and per-agent secret files kept
 
 
 class Secret:
@@ -55,6 +56,20 @@ class Secret:
         return "Secret('****')"
 
     __str__ = __repr__
+
+
+def _bounded_put(
+    cache: dict[Any, tuple[float, Secret]], key: Any, entry: tuple[float, Secret], now: float
+) -> None:
+    """Put ``entry`` (its first item: when it stops being good) in ``cache``, keeping it at
+    ``MAX_CACHED_SECRETS`` entries: expired ones go first, then the oldest (agent ids come
+    from tokens, so their number is not ours to choose)."""
+    if len(cache) >= MAX_CACHED_SECRETS:
+        for stale in [k for k, (until, _) in cache.items() if until <= now]:
+            del cache[stale]
+        while len(cache) >= MAX_CACHED_SECRETS:
+            del cache[next(iter(cache))]
+    cache[key] = entry
 
 
 class CredentialUnavailable(InternalError):
@@ -244,7 +259,7 @@ class CredentialStore:
     def _read_file(self, path: Path, upstream: str) -> Secret:
         now = self.clock()
         cached = self._files.get(path)
-        if cached is not None and now - cached[0] < FILE_RECHECK_SECONDS:
+        if cached is not None and now < cached[0]:
             return cached[1]
         try:
             check_secret_file(path)
@@ -264,7 +279,8 @@ class CredentialStore:
                 f"the credential file for upstream {upstream!r} is not one line"
             )
         secret = Secret(value)
-        self._files[path] = (now, secret)
+        self._files.pop(path, None)
+        _bounded_put(self._files, path, (now + FILE_RECHECK_SECONDS, secret), now)
         return secret
 
     def _agent_jwt(self, creds: Credentials, upstream: str, agent: str) -> Secret:
@@ -286,7 +302,7 @@ class CredentialStore:
         )
         secret = Secret(token)
         # Refresh when 80% of the lifetime has passed, so upstreams never see it expire.
-        self._jwts[key] = (now + creds.ttl * 0.8, secret)
+        _bounded_put(self._jwts, key, (now + creds.ttl * 0.8, secret), now)
         return secret
 
     def injection(self, upstream: str, creds: Credentials, agent: str) -> Injection | None:

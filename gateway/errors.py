@@ -45,6 +45,7 @@ class Reason(StrEnum):
     TOKEN_EXPIRED = "token_expired"  # noqa: S105 (a reason code)
     TOKEN_REVOKED = "token_revoked"  # noqa: S105 (a reason code)
     TARGET_AMBIGUOUS = "target_ambiguous"
+    HTTP_INVALID = "http_invalid"
     NO_RULE = "no_rule"
     AGENT_UNKNOWN = "agent_unknown"
     ROLE_NOT_GRANTED = "role_not_granted"
@@ -257,6 +258,15 @@ class FramingAmbiguous(TargetAmbiguous):
     close_connection = True
 
 
+class HttpInvalid(BadRequest):
+    """Raised (answered by the listener) when the request is not valid HTTP/1.1: the HTTP
+    parser refused its request line, a header or its framing. The connection is closed."""
+
+    reason = Reason.HTTP_INVALID
+    title = "Invalid HTTP request"
+    close_connection = True
+
+
 class QueryInvalid(BadRequest):
     """Raised when a query parameter is unknown, repeated, missing or out of its constraint."""
 
@@ -421,6 +431,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.TOKEN_EXPIRED: TokenExpired,
     Reason.TOKEN_REVOKED: TokenRevoked,
     Reason.TARGET_AMBIGUOUS: TargetAmbiguous,
+    Reason.HTTP_INVALID: HttpInvalid,
     Reason.NO_RULE: NoRule,
     Reason.AGENT_UNKNOWN: AgentUnknown,
     Reason.ROLE_NOT_GRANTED: RoleNotGranted,

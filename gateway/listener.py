@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.errors import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
+from gateway.errors import (
+    PROBLEM_CONTENT_TYPE,
+    PROBLEM_TYPE_BASE,
+    GatewayError,
+    HttpInvalid,
+    InternalError,
+)
 
 log = logging.getLogger("capgate.listener")
 
@@ -147,6 +154,31 @@ class AgentConnection(RequestHandler):
             self.guard.note("request heads not complete in time")
             self.force_close()
 
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse (or a handler that failed outside
+        the pipeline): problem+json with a reason, the connection closed, no traceback."""
+        self.guard.note("requests refused by the HTTP parser or cut by the peer")
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response was already started")
+        error: GatewayError = (
+            HttpInvalid(f"the request is not valid HTTP/1.1 ({_first_line(message)})")
+            if 400 <= status < 500
+            else InternalError("the request could not be handled")
+        )
+        response = web.Response(
+            status=error.status,
+            body=error.problem_bytes(os.urandom(8).hex()),
+            content_type=PROBLEM_CONTENT_TYPE,
+        )
+        response.force_close()
+        return response
+
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # The parser refusing a request (bad HTTP) or a peer leaving mid-request: counted and
         # summarised, never a traceback each. A bug in the pipeline is logged there.
@@ -170,6 +202,12 @@ class AgentServer(web.Server):
             self.guard.note("connections refused at the cap")
             return AtCapacity()
         return AgentConnection(self, self.guard, loop=self._loop, **self._kwargs)
+
+
+def _first_line(message: str | None) -> str:
+    """aiohttp's message, first line only, printable, bounded (it may quote the request)."""
+    line = (message or "malformed").splitlines()[0] if message else "malformed"
+    return "".join(c if c.isprintable() else "?" for c in line)[:120].rstrip(": ")
 
 
 def tracked(

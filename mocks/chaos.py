@@ -9,12 +9,14 @@ The path chooses the fault, query parameters tune it::
     GET /ok                          200 with a small JSON body
     GET /slow?delay=S                wait S seconds, then answer
     GET /trickle?every=S&bytes=N     a declared N-byte body, one byte every S seconds
+                     (&chunked=1: chunked, a chunk per byte: the answer streams)
     GET /trickle-head?every=S        the status line and headers, one byte every S seconds
     GET /hang                        read the request, never answer (until the peer leaves)
     GET /reset                       read the request, then reset the connection (RST)
     GET /reset-mid?bytes=N           send the head and N body bytes, then reset
     GET /close                       read the request, close without a byte
-    GET /huge?mib=N                  a chunked body of N MiB (default: endless)
+    GET /huge?mib=N                  a chunked body of N MiB (default: endless);
+                                     &declared=1: with its Content-Length instead
     GET /garbage                     bytes that are not HTTP
     GET /status?code=C               an empty answer with status C
     GET /echo                        the request's head and body, as JSON
@@ -90,11 +92,15 @@ async def _slow(req: Request, w: Writer) -> None:
 
 async def _trickle(req: Request, w: Writer) -> None:
     size, every = int(req.number("bytes", 60)), req.number("every", 1.0)
-    w.write(_head(200, {"Content-Type": "text/plain", "Content-Length": str(size)}))
+    chunked = req.query.get("chunked") == "1"
+    framing = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(size)}
+    w.write(_head(200, {"Content-Type": "text/plain", **framing}))
     for _ in range(size):
         await w.drain()
         await asyncio.sleep(every)
-        w.write(b"x")
+        w.write(b"1\r\nx\r\n" if chunked else b"x")
+    if chunked:
+        w.write(b"0\r\n\r\n")
 
 
 async def _trickle_head(req: Request, w: Writer) -> None:
@@ -128,8 +134,19 @@ async def _close(req: Request, w: Writer) -> None:
 
 async def _huge(req: Request, w: Writer) -> None:
     mib = req.number("mib", -1)
-    w.write(_head(200, {"Content-Type": "application/octet-stream", "Transfer-Encoding": "chunked"}))
     block = b"z" * 65536
+    if req.query.get("declared") == "1":  # the size said up front (mib, default 1024)
+        size = int((mib if mib > 0 else 1024) * 1024 * 1024)
+        w.write(
+            _head(200, {"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+        )
+        for _ in range(size // len(block)):
+            w.write(block)
+            await w.drain()
+        return
+    w.write(
+        _head(200, {"Content-Type": "application/octet-stream", "Transfer-Encoding": "chunked"})
+    )
     sent = 0
     while mib < 0 or sent < mib * 16:
         w.write(b"10000\r\n" + block + b"\r\n")
@@ -248,7 +265,9 @@ class ChaosUpstream:
                     writer.write(_json(404, {"error": f"no fault {name!r}"}))
                     await writer.drain()
                     continue
-                await fault(req, writer)
+                if not await _until_peer_leaves(fault(req, writer), reader):
+                    self.stats["peer left"] += 1
+                    return
                 if writer.transport.is_closing():
                     return
                 await writer.drain()
@@ -259,6 +278,25 @@ class ChaosUpstream:
             self._tasks.discard(task)
             if not writer.transport.is_closing():
                 writer.close()
+
+
+async def _until_peer_leaves(work: Awaitable[None], reader: asyncio.StreamReader) -> bool:
+    """Run ``work``; False (and ``work`` cancelled) if the peer closed the connection first,
+    so a slow or hanging fault lets go as soon as the gateway does."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            if reader.at_eof():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await task
+                return False
+            await asyncio.wait([task], timeout=0.02)
+        task.result()
+        return True
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def down_url() -> str:

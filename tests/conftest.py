@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import BaseTestServer, TestClient
 
-from gateway.app import SERVER_OPTIONS, Gateway, agent_handler, build_gateway, running
+from gateway.app import SERVER_OPTIONS, Gateway, build_gateway, create_server, running
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
 
@@ -142,21 +143,28 @@ def gateway(settings: Settings, workspace: Workspace, mocks: Mocks) -> Gateway:
 ServeGateway = Callable[[Gateway], Awaitable[TestClient[Any, Any]]]
 
 
+class GatewayTestServer(BaseTestServer):  # type: ignore[type-arg]
+    """The agents' listener exactly as ``capgate serve`` builds it (``create_server``: the
+    connection guard, the server options), on a free loopback port."""
+
+    def __init__(self, gw: Gateway, **kwargs: Any) -> None:
+        self._gw = gw
+        super().__init__(host="127.0.0.1", **kwargs)
+
+    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        return web.ServerRunner(create_server(self._gw), shutdown_timeout=0.5)
+
+
 @pytest.fixture
-async def serve_gateway(
-    aiohttp_client: Any, aiohttp_raw_server: Any
-) -> AsyncIterator[ServeGateway]:
+async def serve_gateway(aiohttp_client: Any) -> AsyncIterator[ServeGateway]:
     """``await serve_gateway(gw)``: the gateway's resources open (``running``) and its agents'
-    listener (``agent_handler``, as ``capgate serve`` runs it) on a test server; a client."""
+    listener (``create_server``, as ``capgate serve`` runs it) on a test server; a client."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def serve(gw: Gateway) -> TestClient[Any, Any]:
             await stack.enter_async_context(running(gw))
-            # aiohttp's test server cancels handlers on disconnect, as SERVER_OPTIONS ask.
             assert SERVER_OPTIONS["handler_cancellation"] is True
-            server = await aiohttp_raw_server(
-                agent_handler(gw), auto_decompress=SERVER_OPTIONS["auto_decompress"]
-            )
+            server = GatewayTestServer(gw)
             return await aiohttp_client(server)
 
         yield serve

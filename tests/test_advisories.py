@@ -1067,3 +1067,28 @@ async def test_the_agent_never_gets_the_credential_through_a_hostile_upstream(
     if kind == "json-escaped":
         decoded = json.loads(answer.split(b"\r\n\r\n", 1)[-1])
         assert UP_KEY not in decoded["msg"] and "*" in decoded["msg"]
+
+
+def test_the_agent_jwt_cache_is_bounded(tmp_path: Path) -> None:
+    """CG-2026-15: the agent-jwt credential cache was never evicted (+11 MB per 15,000
+    agents). It keeps at most MAX_CACHED_SECRETS entries, expired ones evicted first, and a
+    recent agent's token still comes from the cache."""
+    from gateway.credentials import MAX_CACHED_SECRETS, CredentialStore
+    from gateway.policy.model import Credentials
+    from gateway.tokens import load_private_key
+    from mocks.demo import prepare_workspace
+
+    ws = prepare_workspace(tmp_path / "ws")
+    now = [1_700_000_000.0]
+    store = CredentialStore(
+        {}, tmp_path, signing_key=load_private_key(ws.upstream_key), clock=lambda: now[0]
+    )
+    creds = Credentials(type="agent-jwt", audience="services", ttl=60, prefix="Bearer ")
+    for i in range(MAX_CACHED_SECRETS * 3 + 7):
+        store.injection("services", creds, f"agent-{i}")
+        now[0] += 0.001
+    assert len(store._jwts) <= MAX_CACHED_SECRETS
+    last = store.injection("services", creds, f"agent-{MAX_CACHED_SECRETS * 3 + 6}")
+    again = store.injection("services", creds, f"agent-{MAX_CACHED_SECRETS * 3 + 6}")
+    assert last is not None and again is not None
+    assert last.secret.reveal() == again.secret.reveal()

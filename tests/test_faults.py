@@ -1,0 +1,142 @@
+"""The gateway against an upstream that misbehaves (``mocks/chaos.py``): every fault ends the
+call with the right reason, in bounded time, audited; the upstream connection and the
+agent's share of calls in flight are given back; the next call works."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.app import build_gateway
+from gateway.config import load_settings
+from mocks.chaos import ChaosUpstream, down_url
+from mocks.demo import Workspace
+
+PROBLEM = "application/problem+json"
+
+
+def chaos_policy(url: str, extra_upstream: str = "") -> str:
+    return (
+        "version: 1\n"
+        "upstreams:\n"
+        f'  up: {{url: "{url}", timeouts: {{connect: 1s, read: 0.5s, total: 2s}},'
+        " limits: {response_body: 1MiB, concurrency: 8, per_agent: 4}}\n"
+        f"{extra_upstream}"
+        'agents:\n  "*": [r]\n'
+        "roles:\n  r:\n    rules:\n"
+        "      - {id: any, upstream: up, allow: 'GET /{fault}', allow_extra_query: true}\n"
+        "      - {id: down, upstream: down, allow: 'GET /{fault}'}\n"
+    )
+
+
+@pytest.fixture
+async def chaos() -> AsyncIterator[ChaosUpstream]:
+    async with ChaosUpstream() as up:
+        yield up
+
+
+@pytest.fixture
+async def gateway_to(serve_gateway: Any, workspace: Workspace, tmp_path: Path) -> Any:
+    async def make(url: str) -> Any:
+        policy = tmp_path / "chaos.yaml"
+        policy.write_text(chaos_policy(url, f'  down: {{url: "{down_url()}"}}\n'))
+        audit = tmp_path / "audit.jsonl"
+        settings = load_settings(
+            {"policy": str(policy), "jwks": str(workspace.jwks), "audit": str(audit)}, {}
+        )
+        gw = build_gateway(settings, workspace.environ())
+        client = await serve_gateway(gw)
+        client.gw, client.audit_path = gw, audit
+        client.auth = {"Authorization": f"Bearer {workspace.token('agent-a', ['r'])}"}
+        return client
+
+    return make
+
+
+def last_audit(client: Any) -> dict[str, Any]:
+    client.gw.audit.flush()
+    return json.loads(client.audit_path.read_text().splitlines()[-1])
+
+
+async def settled(chaos: ChaosUpstream, client: Any) -> None:
+    """The upstream connection closed and the share given back (soon, not eventually)."""
+    for _ in range(100):
+        shares = client.gw.upstream_shares.snapshot()
+        if chaos.open_connections == 0 and not shares:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not released: {chaos.open_connections} open, shares {shares}")
+
+
+@pytest.mark.parametrize(
+    ("target", "status", "reason"),
+    [
+        ("/up/slow?delay=3", 504, "upstream_timeout"),
+        ("/up/hang", 504, "upstream_timeout"),
+        ("/up/trickle-head?every=0.2", 504, "upstream_timeout"),  # each byte in time; not all
+        ("/up/trickle?every=0.2&bytes=30", 504, "upstream_timeout"),  # body under the deadline
+        ("/up/reset", 502, "upstream_unavailable"),
+        ("/up/reset-mid?bytes=100", 502, "upstream_unavailable"),
+        ("/up/close", 502, "upstream_unavailable"),
+        ("/up/garbage", 502, "upstream_unavailable"),
+        ("/up/huge?declared=1", 502, "payload_too_large"),
+        ("/down/ok", 502, "upstream_unavailable"),
+    ],
+)
+async def test_each_fault_ends_the_call_with_its_reason(
+    chaos: ChaosUpstream, gateway_to: Any, target: str, status: int, reason: str
+) -> None:
+    client = await gateway_to(chaos.url)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    resp = await client.get(target, headers=client.auth)
+    elapsed = loop.time() - started
+    assert resp.status == status, await resp.text()
+    assert (await resp.json(content_type=PROBLEM))["reason"] == reason
+    assert elapsed < 2.0 + 1.0  # the deadline (total: 2s) holds, whatever the fault
+    line = last_audit(client)
+    assert line["reason"] == reason and line["status"] == status
+    await settled(chaos, client)
+    ok = await client.get("/up/ok", headers=client.auth)  # and the next call is served
+    assert ok.status == 200
+
+
+async def test_a_trickled_stream_is_cut_at_the_deadline(
+    chaos: ChaosUpstream, gateway_to: Any
+) -> None:
+    """An answer already streaming when the deadline passes: the connection is cut (the
+    only signal left once the head is sent), audited as upstream_timeout."""
+    client = await gateway_to(chaos.url)
+    resp = await client.get("/up/trickle?every=0.1&bytes=200&chunked=1", headers=client.auth)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await resp.read()
+    line = last_audit(client)
+    assert line["reason"] == "upstream_timeout"
+    await settled(chaos, client)
+
+
+async def test_an_endless_answer_is_cut_at_the_size_limit(
+    chaos: ChaosUpstream, gateway_to: Any
+) -> None:
+    client = await gateway_to(chaos.url)
+    resp = await client.get("/up/huge", headers=client.auth)
+    assert resp.status == 200  # the head was passed on before the size was known
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await resp.read()
+    assert last_audit(client)["reason"] == "payload_too_large"
+    await settled(chaos, client)
+
+
+async def test_an_upstream_answering_an_error_is_passed_on(
+    chaos: ChaosUpstream, gateway_to: Any
+) -> None:
+    client = await gateway_to(chaos.url)
+    resp = await client.get("/up/status?code=503", headers=client.auth)
+    assert resp.status == 503
+    assert last_audit(client)["status"] == 503

@@ -281,7 +281,11 @@ async def _health(gw: Gateway) -> web.Response:
         "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
         "state": state,
         "background": background,
-        "connections": {"open": gw.guard.open, "max": gw.guard.max_connections},
+        "connections": {
+            "open": gw.guard.open,
+            "max": gw.guard.max_connections,
+            "refused": dict(gw.guard.totals),
+        },
         "upstreams_in_flight": gw.upstream_shares.snapshot(),
     }
     return web.json_response(body, status=200 if ok else 503)

@@ -69,11 +69,13 @@ class ConnectionGuard:
     idle_timeout: float = 60.0
     open: int = 0
     busy: int = 0  # requests being handled now
-    counts: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)  # since the last summary
+    totals: Counter[str] = field(default_factory=Counter)  # since start (health)
     _last_summary: float = 0.0
 
     def note(self, what: str) -> None:
         self.counts[what] += 1
+        self.totals[what] += 1
 
     def summarise(self, now: float) -> str | None:
         """One line for what happened since the last summary (None if nothing did); logged

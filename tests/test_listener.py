@@ -97,7 +97,7 @@ async def test_connections_over_the_cap_get_503_and_the_others_keep_working(
             break
         await asyncio.sleep(0.02)
     assert guarded.gw.guard.open == 0
-    assert guarded.gw.guard.counts["connections refused at the cap"] == 1
+    assert guarded.gw.guard.totals["connections refused at the cap"] == 1
     resp = await guarded.get("/_capgate/health")  # room again
     assert resp.status == 200
 
@@ -121,7 +121,7 @@ async def test_a_trickled_head_is_closed_at_the_head_timeout(guarded: Any) -> No
     assert loop.time() - started < 1.5
     sender.cancel()
     await asyncio.gather(sender, return_exceptions=True)
-    assert guarded.gw.guard.counts["request heads not complete in time"] == 1
+    assert guarded.gw.guard.totals["request heads not complete in time"] == 1
 
 
 async def test_an_idle_connection_is_closed_at_the_idle_timeout(guarded: Any) -> None:
@@ -175,7 +175,7 @@ async def test_a_flood_of_bad_requests_is_one_summary_not_a_traceback_each(
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert tracebacks == []
     guard = guarded.gw.guard
-    assert guard.counts["requests refused by the HTTP parser or cut by the peer"] == 40
+    assert guard.totals["requests refused by the HTTP parser or cut by the peer"] == 40
     summary = guard.summarise(10**9)
     assert summary is not None and "40 requests refused by the HTTP parser" in summary
     assert guard.summarise(10**9) is None  # counted once

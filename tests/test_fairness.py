@@ -112,9 +112,7 @@ async def test_one_agents_full_approval_share_does_not_refuse_another(
     )
     approvals = client.gw.approvals
     a, b = auth(workspace, "agent-a"), auth(workspace, "agent-b")
-    held = [
-        asyncio.create_task(client.get("/up/slow?delay=0", headers=a)) for _ in range(3)
-    ]
+    held = [asyncio.create_task(client.get("/up/slow?delay=0", headers=a)) for _ in range(3)]
     for _ in range(100):
         if len(approvals.pending()) == 3:
             break

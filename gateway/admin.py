@@ -3,6 +3,8 @@
     GET  /approvals                 pending approvals of this gateway
     POST /approvals/{id}/approve    let the held call go on
     POST /approvals/{id}/deny       end it with approval_denied
+    GET  /metrics                   the gateway's metrics in Prometheus' text format
+                                    (with ``metrics_exporter: prometheus``)
 
 Requests carry ``Authorization: Bearer <admin token>`` (``--admin-token-file``, a 0600 file).
 Answers are JSON; refusals are problem+json like the gateway's.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -23,6 +26,10 @@ from gateway.secret_files import check_secret_file
 
 ADMIN_APPROVALS: web.AppKey[Approvals] = web.AppKey("approvals")
 ADMIN_TOKEN: web.AppKey[bytes] = web.AppKey("admin_token")
+ADMIN_METRICS: web.AppKey[Callable[[], bytes]] = web.AppKey("metrics")
+# prometheus_client's CONTENT_TYPE_LATEST (text format 0.0.4), written here so the admin API
+# imports nothing of it when metrics are off.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def read_admin_token(path: Path) -> bytes:
@@ -65,10 +72,23 @@ async def _decide(request: web.Request) -> web.Response:
     return web.json_response({"id": approval_id, "decision": "approved" if approve else "denied"})
 
 
-def create_admin_app(approvals: Approvals, token: bytes) -> web.Application:
+async def _metrics(request: web.Request) -> web.Response:
+    # Scrapes are rare (seconds apart) and the text is small: rendered on the loop.
+    body = request.app[ADMIN_METRICS]()
+    return web.Response(body=body, headers={"Content-Type": PROMETHEUS_TEXT})
+
+
+def create_admin_app(
+    approvals: Approvals, token: bytes, *, metrics: Callable[[], bytes] | None = None
+) -> web.Application:
+    """The admin API; ``metrics`` renders ``/metrics`` (behind the same token: the admin
+    port is on the agent's loopback too)."""
     app = web.Application(middlewares=[_authorized], client_max_size=64 * 1024)
     app[ADMIN_APPROVALS] = approvals
     app[ADMIN_TOKEN] = token
     app.router.add_get("/approvals", _list)
     app.router.add_post("/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide)
+    if metrics is not None:
+        app[ADMIN_METRICS] = metrics
+        app.router.add_get("/metrics", _metrics)
     return app

@@ -45,7 +45,7 @@ from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.shares import UpstreamShares
 from gateway.state import open_store
 from gateway.state.base import StateStore
-from gateway.telemetry import Telemetry
+from gateway.telemetry import Telemetry, plan
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
@@ -142,7 +142,17 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                telemetry=self.telemetry if self.telemetry.enabled else None,
             )
+        )
+        audit_stage, trail = self.pipeline.audit, self.audit
+        self.telemetry.watch(
+            pending=lambda: self.approvals.count,
+            # Lines the trail failed to write: its own count (when it keeps one) and the
+            # calls whose audit observer raised.
+            audit_errors=lambda: (
+                int(getattr(trail, "failures", 0)) + audit_stage.failures.get(trail, 0)
+            ),
         )
 
     @property
@@ -242,7 +252,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
     audit = AuditTrail(settings.audit)
-    telemetry = Telemetry(settings.traces)
+    telemetry = Telemetry(plan(settings))
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
     if settings.audit is not None:
@@ -496,7 +506,8 @@ async def _listen(
         ) from exc
     admin_runner: web.AppRunner | None = None
     if settings.admin_port is not None and admin_token is not None:
-        admin_app = create_admin_app(gw.approvals, admin_token)
+        metrics = gw.telemetry.prometheus_text if gw.telemetry.plan.prometheus else None
+        admin_app = create_admin_app(gw.approvals, admin_token, metrics=metrics)
         admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
         await admin_runner.setup()
         try:

@@ -61,6 +61,11 @@ class Approvals:
         self._pending: dict[str, Pending] = {}
         self.slots = Shares("calls held for approval", capacity, per_agent)
 
+    @property
+    def count(self) -> int:
+        """Calls held now (read by the metrics' collection, from another thread)."""
+        return len(self._pending)
+
     def pending(self) -> list[dict[str, Any]]:
         return [p.public() for p in self._pending.values()]
 

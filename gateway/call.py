@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import HttpVersion11
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -108,6 +108,13 @@ class Call:
     body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut
     revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    held: bool = False  # approve: the call waited for a person's decision
+    upstream_started: float = 0.0  # dispatch: monotonic time the exchange began
+    upstream_ended: float = 0.0  # dispatch: ... and its answer's head arrived (or it failed)
+    # telemetry (only when tracing): the server span, the upstream span, stage end times
+    span: Any = None
+    upstream_span: Any = None
+    marks: list[float] | None = None
 
     @property
     def rule_id(self) -> str | None:

@@ -96,7 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replay-report", dest="replay_report", help="end-of-run report (JSON)")
     s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
-    s.add_argument("--traces", help="OpenTelemetry spans: 'console' or a JSON-lines file")
+    s.add_argument(
+        "--traces",
+        help="spans: 'console', a JSON-lines file, or an http(s):// OTLP endpoint (base URL)",
+    )
+    s.add_argument("--traces-exporter", dest="traces_exporter", help="otlp, console or none")
+    s.add_argument(
+        "--metrics-exporter",
+        dest="metrics_exporter",
+        help="otlp, prometheus (admin /metrics), otlp,prometheus or none",
+    )
+    s.add_argument("--otlp-endpoint", dest="otlp_endpoint", help="OTLP/HTTP base URL")
+    s.add_argument("--service-name", dest="service_name", help="service.name (default capgate)")
     s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
     s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
     s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")

@@ -37,13 +37,34 @@ approvals_per_agent    10                   calls of one agent held for approval
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
-traces                 (none: off)          OpenTelemetry spans: ``console`` or a JSON-lines file
+traces                 (none: off)          spans: ``console``, a JSON-lines file, an
+                                            ``http(s)://`` OTLP endpoint, ``none`` or
+                                            ``discard`` (recorded, exported nowhere)
+traces_exporter        (none: off)          ``otlp``, ``console`` or ``none``
+metrics_exporter       (none: off)          ``otlp``, ``prometheus`` (admin listener's
+                                            ``/metrics``), both (``otlp,prometheus``), ``none``
+otlp_endpoint          (none)               OTLP/HTTP base URL (``/v1/traces``, ``/v1/metrics``
+                                            are appended); setting it turns OTLP export on
+otlp_traces_endpoint   (none)               OTLP/HTTP URL for spans, used as it is
+otlp_metrics_endpoint  (none)               OTLP/HTTP URL for metrics, used as it is
+otlp_headers           (none)               ``k=v,k2=v2`` (values URL-encoded): sent with every
+                                            export; no flag (it often holds a key)
+service_name           capgate              the ``service.name`` resource attribute
+metrics_interval       60s                  how often metrics are pushed by OTLP
 =====================  ===================  ===========================================
+
+The standard OpenTelemetry variables are read here too, like every other setting, and sit
+between the file and the ``CAPGATE_*`` variables (``OTEL_ENV``): defaults < file < ``OTEL_*``
+< ``CAPGATE_*`` < flags. Unlike the SDK's own default, nothing is exported unless asked for
+(an exporter or an endpoint set): a sidecar must not start sending to ``localhost:4318``
+because a variable was left unset.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +103,24 @@ class Settings:
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
+    traces_exporter: str | None = None
+    metrics_exporter: tuple[str, ...] | None = None  # None: unset (an endpoint turns on otlp)
+    otlp_endpoint: str | None = None
+    otlp_traces_endpoint: str | None = None
+    otlp_metrics_endpoint: str | None = None
+    otlp_headers: OtlpHeaders = field(default_factory=lambda: OtlpHeaders(()))
+    service_name: str = "capgate"
+    metrics_interval: float = 60.0
+
+
+@dataclass(frozen=True)
+class OtlpHeaders:
+    """Headers sent with every OTLP export; often an API key, so never shown in a repr."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def __repr__(self) -> str:
+        return f"OtlpHeaders({[name for name, _ in self.pairs]}, values masked)"
 
 
 def _port(value: Any) -> int:
@@ -140,6 +179,83 @@ def _csv(value: Any) -> tuple[str, ...]:
     return out
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _http_url(value: Any) -> str:
+    """An OTLP/HTTP URL: http or https, with a host."""
+    text = _text(value).strip()
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL with a host")
+    return text
+
+
+def _traces(value: Any) -> str:
+    """``console``, ``none``, ``discard``, an http(s) OTLP endpoint, or a file path.
+
+    A value that looks like a URL but is not an http(s) one with a host (``grpc://...``,
+    ``http:/x``, ``http:``) is refused rather than taken as a file name: a directory named
+    ``http:`` is never what was meant."""
+    text = _text(value)
+    if _SCHEME.match(text) and not text.startswith(("./", "/")):
+        scheme = text.split(":", 1)[0].lower()
+        if scheme in ("http", "https"):
+            try:
+                return _http_url(text)
+            except ValueError:
+                pass
+        raise ValueError(
+            "expected 'console', 'none', a file path or an http(s):// OTLP endpoint "
+            "(write ./NAME for a file whose name holds a colon)"
+        )
+    return text
+
+
+def _exporters(*choices: str) -> Callable[[Any], tuple[str, ...]]:
+    def parse(value: Any) -> tuple[str, ...]:
+        items = _csv(value)
+        unknown = [i for i in items if i not in choices]
+        if unknown:
+            raise ValueError(f"expected one or more of {list(choices)}")
+        if "none" in items:
+            if len(items) > 1:
+                raise ValueError("'none' cannot be combined with an exporter")
+            return ()
+        return tuple(dict.fromkeys(items))
+
+    return parse
+
+
+def _traces_exporter(value: Any) -> str:
+    items = _exporters("otlp", "console", "none")(value)
+    if len(items) > 1:
+        raise ValueError("expected one of ['otlp', 'console', 'none']")
+    return items[0] if items else "none"
+
+
+def _otlp_headers(value: Any) -> OtlpHeaders:
+    """``k=v,k2=v2`` with URL-encoded values (the OTEL_EXPORTER_OTLP_HEADERS format), or a
+    mapping in the config file."""
+    if isinstance(value, dict):
+        items = [(str(k), str(v)) for k, v in value.items()]
+    else:
+        items = []
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            name, eq, raw = part.partition("=")
+            if not eq or not name.strip():
+                raise ValueError("expected name=value pairs separated by commas")
+            items.append((name.strip(), urllib.parse.unquote(raw.strip())))
+    for name, val in items:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) or any(
+            c in val for c in "\r\n\0"
+        ):
+            raise ValueError("expected header names and values without line breaks")
+    return OtlpHeaders(tuple(items))
+
+
 def _state(value: Any) -> str:
     text = _text(value)
     if text in ("memory", "memory://") or text.startswith(("redis://", "rediss://")):
@@ -191,7 +307,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "shutdown_grace": parse_duration,
     "reload_interval": _positive_duration,
     "log_level": _choice("debug", "info", "warning", "error"),
-    "traces": _text,
+    "traces": _traces,
     "admin_port": _port,
     "admin_token_file": _optional_path,
     "approval_timeout": _positive_duration,
@@ -199,6 +315,27 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,
+    "traces_exporter": _traces_exporter,
+    "metrics_exporter": _exporters("otlp", "prometheus", "none"),
+    "otlp_endpoint": _http_url,
+    "otlp_traces_endpoint": _http_url,
+    "otlp_metrics_endpoint": _http_url,
+    "otlp_headers": _otlp_headers,
+    "service_name": _text,
+    "metrics_interval": _positive_duration,
+}
+# Settings that are never taken from a flag: a flag is visible to every user of the machine.
+NO_FLAG = frozenset({"otlp_headers"})
+# The standard OpenTelemetry variables, read like every other setting (below CAPGATE_*).
+OTEL_ENV = {
+    "OTEL_TRACES_EXPORTER": "traces_exporter",
+    "OTEL_METRICS_EXPORTER": "metrics_exporter",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "otlp_traces_endpoint",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "otlp_metrics_endpoint",
+    "OTEL_EXPORTER_OTLP_HEADERS": "otlp_headers",
+    "OTEL_SERVICE_NAME": "service_name",
+    "OTEL_METRIC_EXPORT_INTERVAL": "metrics_interval",  # milliseconds (converted below)
 }
 TOKEN_FIELDS = {
     "algorithm": "algorithm",
@@ -232,6 +369,41 @@ def process_environ() -> Mapping[str, str]:
     return os.environ
 
 
+def _read_environ(raw: dict[str, tuple[str, Any]], environ: Mapping[str, str]) -> None:
+    """``OTEL_*`` (standard names) then ``CAPGATE_*`` over what the file said."""
+    for env, key in OTEL_ENV.items():
+        if environ.get(env, "").strip():
+            value = environ[env]
+            if env == "OTEL_METRIC_EXPORT_INTERVAL" and value.strip().isdigit():
+                value = f"{int(value)}ms"
+            raw[key] = (env, value)
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        raw["traces_exporter"] = ("OTEL_SDK_DISABLED", "none")
+        raw["metrics_exporter"] = ("OTEL_SDK_DISABLED", "none")
+    for key in FIELDS:
+        env = "CAPGATE_" + key.upper()
+        if env in environ:
+            raw[key] = (env, environ[env])
+
+
+def _check_together(values: dict[str, Any]) -> None:
+    """Settings that need each other."""
+    for key in ("policy", "jwks"):
+        if key not in values:
+            raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
+    if values.get("traces") == "none":
+        values["traces"] = None
+    if "prometheus" in (values.get("metrics_exporter") or ()) and values.get("admin_port") is None:
+        raise ConfigError(
+            "metrics_exporter prometheus is served on the admin listener's /metrics; "
+            "it needs admin_port (--admin-port) and admin_token_file"
+        )
+    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
+        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
+    if values.get("mode", "live") != "live" and values.get("recordings") is None:
+        raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
+
+
 def load_settings(
     flags: Mapping[str, Any],
     environ: Mapping[str, str],
@@ -247,12 +419,9 @@ def load_settings(
                     f"expected one of {sorted(FIELDS)}"
                 )
             raw[key] = (f"{config_file}: {key}", value)
-    for key in FIELDS:
-        env = "CAPGATE_" + key.upper()
-        if env in environ:
-            raw[key] = (env, environ[env])
+    _read_environ(raw, environ)
     for key, value in flags.items():
-        if value is not None and key in FIELDS:
+        if value is not None and key in FIELDS and key not in NO_FLAG:
             raw[key] = ("--" + key.replace("_", "-"), value)
 
     values: dict[str, Any] = {}
@@ -260,14 +429,9 @@ def load_settings(
         try:
             values[key] = FIELDS[key](value)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{where} has value {value!r}; {exc}") from None
-    for key in ("policy", "jwks"):
-        if key not in values:
-            raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
-    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
-        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
-    if values.get("mode", "live") != "live" and values.get("recordings") is None:
-        raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
+            shown = "(masked)" if key in NO_FLAG else repr(value)
+            raise ConfigError(f"{where} has value {shown}; {exc}") from None
+    _check_together(values)
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
     ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")

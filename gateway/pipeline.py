@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
+from gateway.telemetry import PHASES, Telemetry
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
 
@@ -66,6 +68,7 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    telemetry: Telemetry | None = None
 
 
 def new_request_id() -> str:
@@ -88,22 +91,52 @@ class Pipeline:
             Approve(services.approvals, services.inflight),
             Inject(services.credentials),
         )
+        # Stage names, in order, for the phases tracing shows as child spans.
+        names = (
+            "receive",
+            "route",
+            "authenticate",
+            "match_policy",
+            "validate",
+            "throttle",
+            "approve",
+            "inject",
+        )
+        assert len(names) == len(self.checks)
+        telemetry = services.telemetry
+        self.tracing = telemetry if telemetry is not None and telemetry.tracing else None
+        if self.tracing is not None:
+            self.tracing.phases = tuple(
+                (span, names.index(first), names.index(after)) for span, first, after in PHASES
+            )
         self.upstream_shares = services.upstream_shares
-        self.dispatch = Dispatch(services.transport)
+        self.dispatch = Dispatch(services.transport, telemetry)
         self.respond = Respond(services.mac)
         self.audit = Audit(services.mac, services.observers)
 
     async def decide(self, call: Call) -> None:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
+        marks = call.marks
         try:
-            for stage in self.checks:
-                pending = stage(call)
-                if pending is not None:
-                    await pending
+            if marks is None:
+                for stage in self.checks:
+                    pending = stage(call)
+                    if pending is not None:
+                        await pending
+            else:
+                # Tracing: the end of each stage, for the child spans (built at the end).
+                clock = time.monotonic
+                for stage in self.checks:
+                    pending = stage(call)
+                    if pending is not None:
+                        await pending
+                    marks.append(clock())
         except GatewayError as exc:
             call.error = exc
         except Exception as exc:
             _deny_bug(call, exc)
+        if marks is not None and call.error is not None:
+            marks.append(time.monotonic())  # the end of the stage that refused the call
 
     async def run(self, request: web.BaseRequest) -> web.StreamResponse:
         call = Call(
@@ -113,6 +146,8 @@ class Pipeline:
             request_id=new_request_id(),
             request=request,
         )
+        if self.tracing is not None:
+            self.tracing.call_started(call)
         task = asyncio.current_task()
         try:
             await self.decide(call)

@@ -1,8 +1,15 @@
-"""OpenTelemetry traces: one span per call, with the decision, never a secret.
+"""OpenTelemetry: one trace per call with child spans for its phases, and the gateway's metrics.
 
-Off by default. ``--traces console`` writes spans to stderr; ``--traces FILE`` appends them
-to FILE as JSON lines (one span per line). Each span is built when the call ends, from the
-same fields as the audit line, so tracing adds nothing to a call's path until then:
+Off unless asked for (``config.py``: ``traces``, ``traces_exporter``, ``metrics_exporter``,
+``otlp_endpoint`` and the standard ``OTEL_*`` variables it reads). Spans go to stderr
+(``console``), a JSON-lines file, or OTLP/HTTP; metrics go to OTLP/HTTP and/or the admin
+listener's ``/metrics`` (Prometheus text, from the same instruments).
+
+Traces
+------
+The server span starts when the call arrives (its ids must exist before the call goes
+upstream) and is given its attributes when the call has ended, from the closed
+``AuditRecord`` only, so a span can say nothing the audit line cannot:
 
 ================================  ===================================================
 attribute                         value
@@ -17,25 +24,69 @@ attribute                         value
 ``url.path``                      the path (no query: it may carry data)
 ``http.response.status_code``     the status sent to the agent
 ================================  ===================================================
+
+Child spans, built at the end from times the pipeline noted (no work while the call runs):
+``capgate authenticate``, ``capgate match``, ``capgate checks`` (payload checks, limits and
+quotas), ``capgate approval`` (only when the call was held) and ``capgate upstream`` (a
+CLIENT span from sending to the answer's head). The upstream span is the one whose context
+goes upstream as ``traceparent`` (W3C Trace Context).
+
+The agent's own ``traceparent`` is never the parent: the agent could otherwise place its
+calls anywhere in someone else's trace. A well-formed one becomes a span *link* (trace and
+span id only; the agent's ``tracestate`` is not copied); a malformed one is ignored, silently.
+The agent's ``tracestate`` reaches the upstream only when a rule names it under ``headers``.
+
+Metrics
+-------
+Instruments are created once. Per call: one dict increment for the call counter (reported
+at collection time through an observable counter) and one or two histogram records with
+cached attribute dicts. Label values come from closed sets only, so an agent cannot make
+new series: the decision, the reason code, and the upstream and rule *as the policy names
+them* (any other value is ``(other)``); never an agent id, a path or a method.
+
+==============================  =========  ==================================================
+metric                          kind       labels
+==============================  =========  ==================================================
+``capgate.calls``               counter    decision, reason, upstream, rule
+``capgate.call.duration``       histogram  decision, upstream (seconds, whole call)
+``capgate.upstream.duration``   histogram  upstream (seconds, until the answer's head)
+``capgate.approvals.pending``   gauge      (none): calls held for approval now
+``capgate.state.errors``        counter    (none): calls the state store failed
+``capgate.audit.errors``        counter    (none): audit lines that could not be written
+==============================  =========  ==================================================
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway import __version__
 
 if TYPE_CHECKING:
     from gateway.audit_record import AuditRecord
     from gateway.call import Call
+    from gateway.config import Settings
 
 _ATTRIBUTES = (
     ("request_id", "capgate.request_id"),
@@ -49,65 +100,414 @@ _ATTRIBUTES = (
     ("path", "url.path"),
     ("status", "http.response.status_code"),
 )
+# Span names hold only these methods; any other (agent-chosen) method is named "HTTP".
+_SPAN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+TRACEPARENT_MAX = 512  # W3C: longer values are not a traceparent (ignored without a log line)
+OTHER = "(other)"  # a label value outside the policy's closed set
+NONE = "(none)"
+MAX_SERIES = 2000  # call-counter series kept; beyond it, calls are counted as OTHER
+# Seconds; from a cached token and no upstream (~0.2 ms) to the longest upstream deadline.
+DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+EXPORT_TIMEOUT = 10.0  # seconds one OTLP export may take
+DEFAULT_OTLP = "http://localhost:4318"  # the OTLP/HTTP default (used with an exporter, no URL)
+
+# Phases shown as child spans: (span name, first stage, stage after the last), by the
+# pipeline's stage names; ``Pipeline`` turns them into indices of its marks.
+PHASES = (
+    ("capgate authenticate", "authenticate", "match_policy"),
+    ("capgate match", "match_policy", "validate"),
+    ("capgate checks", "validate", "approve"),
+    ("capgate approval", "approve", "inject"),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``Settings`` ask of telemetry, resolved once (``plan``)."""
+
+    spans: str | None = None  # console | file | otlp | discard | None (off)
+    spans_file: Path | None = None
+    spans_endpoint: str | None = None
+    metrics_endpoint: str | None = None  # OTLP metrics, when set
+    prometheus: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+    service_name: str = "capgate"
+    metrics_interval: float = 60.0
+
+    @property
+    def metrics(self) -> bool:
+        return self.metrics_endpoint is not None or self.prometheus
+
+
+def _signal(base: str, path: str) -> str:
+    return base.rstrip("/") + path
+
+
+def plan(settings: Settings) -> Plan:
+    """Which exporters to build, from the settings (flags, file, ``CAPGATE_*``, ``OTEL_*``).
+
+    ``traces`` wins over ``traces_exporter``; an http(s) ``traces`` value is an OTLP base
+    endpoint like ``otlp_endpoint``. Setting an endpoint turns OTLP export on for the
+    signals whose exporter is not set."""
+    traces = settings.traces
+    base = settings.otlp_endpoint
+    spans: str | None = None
+    spans_file: Path | None = None
+    if traces is not None and traces.startswith(("http://", "https://")):
+        spans, base = "otlp", base or traces
+        spans_endpoint: str | None = _signal(traces, "/v1/traces")
+    else:
+        spans_endpoint = settings.otlp_traces_endpoint
+        if traces in ("console", "discard"):
+            spans = traces
+        elif traces is not None:
+            spans, spans_file = "file", Path(traces)
+        elif settings.traces_exporter in ("otlp", "console"):
+            spans = settings.traces_exporter
+        elif settings.traces_exporter is None and (base or spans_endpoint):
+            spans = "otlp"
+        if spans == "otlp" and spans_endpoint is None:
+            spans_endpoint = _signal(base or DEFAULT_OTLP, "/v1/traces")
+    exporters = settings.metrics_exporter
+    if exporters is None:
+        exporters = ("otlp",) if (base or settings.otlp_metrics_endpoint) else ()
+    metrics_endpoint = None
+    if "otlp" in exporters:
+        metrics_endpoint = settings.otlp_metrics_endpoint or _signal(
+            base or DEFAULT_OTLP, "/v1/metrics"
+        )
+    return Plan(
+        spans=spans,
+        spans_file=spans_file,
+        spans_endpoint=spans_endpoint if spans == "otlp" else None,
+        metrics_endpoint=metrics_endpoint,
+        prometheus="prometheus" in exporters,
+        headers=settings.otlp_headers.pairs,
+        service_name=settings.service_name,
+        metrics_interval=settings.metrics_interval,
+    )
+
+
+class _Discard(SpanExporter):
+    """Spans recorded and batched, then dropped (``--traces discard``: the cost of tracing
+    without the cost of a destination)."""
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def agent_link(call: Call) -> tuple[Link, ...]:
+    """The agent's W3C ``traceparent`` as a link (ids and flags only), or nothing when it is
+    absent, repeated or malformed. Never an error and never a parent."""
+    values = call.headers.getall("traceparent", ())
+    if len(values) != 1 or len(values[0]) > TRACEPARENT_MAX:
+        return ()
+    context = _PROPAGATOR.extract({"traceparent": values[0]})
+    agent = trace.get_current_span(context).get_span_context()
+    if not agent.is_valid:
+        return ()
+    # SECURITY: trace and span id only; the agent's tracestate is its own text.
+    bare = SpanContext(agent.trace_id, agent.span_id, True, TraceFlags(agent.trace_flags))
+    return (Link(bare, {"capgate.link": "agent"}),)
+
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class CallMetrics:
+    """The instruments, created once; ``measure`` is the per-call work."""
+
+    def __init__(self, provider: MeterProvider) -> None:
+        meter = provider.get_meter("capgate", __version__)
+        self.calls: dict[tuple[str, str, str, str], int] = {}
+        self.state_errors = 0
+        self.pending: Callable[[], int] = lambda: 0
+        self.audit_errors: Callable[[], int] = lambda: 0
+        self._by_decision: dict[tuple[str, str], dict[str, str]] = {}
+        self._by_upstream: dict[str, dict[str, str]] = {}
+        meter.create_observable_counter(
+            "capgate.calls",
+            callbacks=[self._observe_calls],
+            unit="{call}",
+            description="Calls ended, by decision, reason, upstream and rule",
+        )
+        self.duration = meter.create_histogram(
+            "capgate.call.duration",
+            unit="s",
+            description="Whole calls, from the request to the answer's end",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.upstream = meter.create_histogram(
+            "capgate.upstream.duration",
+            unit="s",
+            description="Upstream exchanges, from sending to the answer's head",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        meter.create_observable_gauge(
+            "capgate.approvals.pending",
+            callbacks=[lambda _: [Observation(self.pending())]],
+            unit="{call}",
+            description="Calls held for approval now",
+        )
+        meter.create_observable_counter(
+            "capgate.state.errors",
+            callbacks=[lambda _: [Observation(self.state_errors)]],
+            unit="{call}",
+            description="Calls during which the state store failed",
+        )
+        meter.create_observable_counter(
+            "capgate.audit.errors",
+            callbacks=[lambda _: [Observation(self.audit_errors())]],
+            unit="{line}",
+            description="Audit lines that could not be written",
+        )
+
+    def _observe_calls(self, _options: CallbackOptions) -> Iterable[Observation]:
+        # Called from the exporter's thread or a scrape: a copy is one atomic C call.
+        for (decision, reason, upstream, rule), count in self.calls.copy().items():
+            yield Observation(
+                count, {"decision": decision, "reason": reason, "upstream": upstream, "rule": rule}
+            )
+
+    def measure(self, call: Call, record: AuditRecord) -> None:
+        policy = call.policy
+        upstream = record["upstream"]
+        rule = record["rule"]
+        if upstream is None:
+            upstream = NONE
+        elif policy is None or upstream not in policy.upstreams:
+            upstream = OTHER  # SECURITY: the agent names it (the path's first segment)
+        if rule is None:
+            rule = NONE
+        elif policy is None or rule not in policy.rules_by_id:
+            rule = OTHER
+        decision = record["decision"]
+        key = (decision, record["reason"], upstream, rule)
+        calls = self.calls
+        count = calls.get(key)
+        if count is None and len(calls) >= MAX_SERIES:
+            key = (decision, OTHER, OTHER, OTHER)
+            count = calls.get(key)
+        calls[key] = (count or 0) + 1
+        attrs = self._by_decision.get((decision, upstream))
+        if attrs is None:
+            attrs = self._by_decision[(decision, upstream)] = {
+                "decision": decision,
+                "upstream": upstream,
+            }
+        self.duration.record(record["duration_ms"] / 1000, attrs)
+        if call.upstream_ended:
+            attrs = self._by_upstream.get(upstream)
+            if attrs is None:
+                attrs = self._by_upstream[upstream] = {"upstream": upstream}
+            self.upstream.record(call.upstream_ended - call.upstream_started, attrs)
+        if call.state_error is not None or record["reason"] == "state_unavailable":
+            self.state_errors += 1
 
 
 class Telemetry:
-    """Spans for calls, or nothing at all when ``target`` is None."""
+    """Spans and metrics for calls, or nothing at all with an empty ``Plan``.
 
-    def __init__(self, target: str | None) -> None:
-        self._provider: TracerProvider | None = None
+    ``span_exporter`` and ``metric_readers`` are for tests (the SDK's in-memory ones): the
+    exporter is given spans as each ends, the readers see the same instruments."""
+
+    def __init__(
+        self,
+        settings: Plan | None = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+        metric_readers: Sequence[MetricReader] = (),
+    ) -> None:
+        p = settings or Plan()
+        self.plan = p
         self._out: IO[str] | None = None
         self._tracer: Any = None
-        if target is None:
-            return
-        if target == "console":
-            out: IO[str] = sys.stderr
+        self._tracer_provider: TracerProvider | None = None
+        self._meter_provider: MeterProvider | None = None
+        self.metrics: CallMetrics | None = None
+        self.prometheus_registry: Any = None
+        self.phases: tuple[tuple[str, int, int], ...] = ()  # set by the pipeline
+        resource = Resource({"service.name": p.service_name, "service.version": __version__})
+        processor = self._span_processor(p, span_exporter)
+        if processor is not None:
+            self._tracer_provider = TracerProvider(resource=resource)
+            self._tracer_provider.add_span_processor(processor)
+            self._tracer = self._tracer_provider.get_tracer("capgate", __version__)
+        readers = list(metric_readers) + self._metric_readers(p)
+        if readers:
+            self._meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+            self.metrics = CallMetrics(self._meter_provider)
+
+    def _span_processor(self, p: Plan, exporter: SpanExporter | None) -> SpanProcessor | None:
+        if exporter is not None:
+            return SimpleSpanProcessor(exporter)
+        if p.spans is None:
+            return None
+        if p.spans == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(
+                endpoint=p.spans_endpoint, headers=dict(p.headers), timeout=EXPORT_TIMEOUT
+            )
+        elif p.spans == "discard":
+            exporter = _Discard()
         else:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            out = self._out = path.open("a", encoding="utf-8")
-        exporter = ConsoleSpanExporter(
-            out=out, formatter=lambda span: span.to_json(indent=None) + "\n"
-        )
-        self._provider = TracerProvider(
-            resource=Resource.create({"service.name": "capgate", "service.version": __version__})
-        )
-        self._provider.add_span_processor(BatchSpanProcessor(exporter))
-        self._tracer = self._provider.get_tracer("capgate", __version__)
+            out: IO[str] = sys.stderr
+            if p.spans_file is not None:
+                p.spans_file.parent.mkdir(parents=True, exist_ok=True)
+                out = self._out = p.spans_file.open("a", encoding="utf-8")
+            exporter = ConsoleSpanExporter(
+                out=out, formatter=lambda span: span.to_json(indent=None) + "\n"
+            )
+        return BatchSpanProcessor(exporter)
+
+    def _metric_readers(self, p: Plan) -> list[MetricReader]:
+        readers: list[MetricReader] = []
+        if p.metrics_endpoint is not None:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter,
+            )
+
+            exporter = OTLPMetricExporter(
+                endpoint=p.metrics_endpoint, headers=dict(p.headers), timeout=EXPORT_TIMEOUT
+            )
+            readers.append(
+                PeriodicExportingMetricReader(
+                    exporter, export_interval_millis=p.metrics_interval * 1000
+                )
+            )
+        if p.prometheus:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+
+            # A registry of our own: never the process-global one, which outlives a gateway.
+            self.prometheus_registry = CollectorRegistry()
+            readers.append(
+                PrometheusMetricReader(registry=self.prometheus_registry, scope_info_enabled=False)
+            )
+        return readers
+
+    @property
+    def tracing(self) -> bool:
+        return self._tracer is not None
 
     @property
     def enabled(self) -> bool:
-        return self._tracer is not None
+        return self._tracer is not None or self.metrics is not None
+
+    def watch(self, *, pending: Callable[[], int], audit_errors: Callable[[], int]) -> None:
+        """Where the gauges read from (``app.py``, once the parts exist)."""
+        if self.metrics is not None:
+            self.metrics.pending = pending
+            self.metrics.audit_errors = audit_errors
+
+    def prometheus_text(self) -> bytes:
+        """The metrics in Prometheus' text format (the admin listener's ``/metrics``)."""
+        from prometheus_client import generate_latest
+
+        assert self.prometheus_registry is not None
+        return generate_latest(self.prometheus_registry)
+
+    # -- per call ------------------------------------------------------------------------------
+
+    def call_started(self, call: Call) -> None:
+        """Start the call's server span (its ids go upstream); link the agent's trace."""
+        call.span = self._tracer.start_span("capgate", kind=SpanKind.SERVER, links=agent_link(call))
+        call.marks = [time.monotonic()]
+
+    def upstream_started(self, call: Call) -> None:
+        """Start the upstream CLIENT span and put its context in the outbound headers."""
+        span = call.span
+        if span is None or call.outbound_headers is None:
+            return
+        child = self._tracer.start_span(
+            "capgate upstream", context=trace.set_span_in_context(span), kind=SpanKind.CLIENT
+        )
+        call.upstream_span = child
+        _PROPAGATOR.inject(call.outbound_headers, context=trace.set_span_in_context(child))
 
     def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
-        """One span for the call that just ended, from its (first) audit record only."""
-        audit = records[0]
-        if self._tracer is None:
-            return
+        """Metrics and spans for the call that just ended, from its (first) record only."""
+        record = records[0]
+        if self.metrics is not None:
+            self.metrics.measure(call, record)
+        span = call.span
+        if span is not None:
+            self._end_spans(call, record, span)
+
+    def _end_spans(self, call: Call, record: AuditRecord, span: Any) -> None:
         attributes = {
-            name: value for key, name in _ATTRIBUTES if (value := audit.get(key)) is not None
+            name: value for key, name in _ATTRIBUTES if (value := record.get(key)) is not None
         }
-        span = self._tracer.start_span(
-            f"capgate {call.method}",
-            kind=SpanKind.SERVER,
-            start_time=int(call.wall_started * 1e9),
-            attributes=attributes,
+        method = record["method"]
+        name = method if method in _SPAN_METHODS else "HTTP"
+        if call.policy is not None and record["upstream"] in call.policy.upstreams:
+            name = f"{name} /{record['upstream']}"
+        span.update_name(name)
+        span.set_attributes(attributes)
+        failed = record["decision"] == "deny" or (
+            call.error is not None and record["reason"] != "client_closed"
         )
-        if audit["decision"] == "deny" or (
-            call.error is not None and audit["reason"] != "client_closed"
-        ):
-            span.set_status(Status(StatusCode.ERROR, audit["reason"]))
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, record["reason"]))
+        marks = call.marks
+        assert marks is not None  # set with the span
+        zero = span.start_time - int(marks[0] * 1e9)  # monotonic seconds -> span clock (ns)
+        parent = trace.set_span_in_context(span)
+        tracer = self._tracer
+        last = len(marks) - 1
+        for phase, first, after in self.phases:
+            if first >= last or (phase == "capgate approval" and not call.held):
+                continue
+            child = tracer.start_span(
+                phase, context=parent, start_time=zero + int(marks[first] * 1e9)
+            )
+            child.end(end_time=zero + int(marks[min(after, last)] * 1e9))
+        upstream = call.upstream_span
+        if upstream is not None:
+            upstream.set_attribute("capgate.upstream", record["upstream"] or "")
+            if call.response is None and call.error is not None:
+                upstream.set_status(Status(StatusCode.ERROR, record["reason"]))
+            ended = call.upstream_ended or time.monotonic()
+            upstream.end(end_time=zero + int(ended * 1e9))
         span.end()
 
     def flush(self) -> None:
-        if self._provider is not None:
-            self._provider.force_flush()
+        if self._tracer_provider is not None:
+            self._tracer_provider.force_flush()
+        if self._meter_provider is not None:
+            self._meter_provider.force_flush()
 
     def close(self) -> None:
-        if self._provider is not None:
-            self._provider.shutdown()
-            self._provider = None
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()
+            self._tracer_provider = None
             self._tracer = None
+        if self._meter_provider is not None:
+            self._meter_provider.shutdown()
+            self._meter_provider = None
         if self._out is not None:
             self._out.close()
             self._out = None

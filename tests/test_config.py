@@ -255,6 +255,14 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "recordings": "rec",
         "replay_report": "report.json",
         "sample": "0.01",
+        "traces_exporter": "otlp",
+        "metrics_exporter": "otlp",
+        "otlp_endpoint": "http://collector:4318",
+        "otlp_traces_endpoint": "http://collector:4318/v1/traces",
+        "otlp_metrics_endpoint": "http://collector:4318/v1/metrics",
+        "otlp_headers": "api-key=k",
+        "service_name": "sidecar-7",
+        "metrics_interval": "15s",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
@@ -267,6 +275,9 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
+    assert (s.traces_exporter, s.metrics_exporter) == ("otlp", ("otlp",))
+    assert s.otlp_headers.pairs == (("api-key", "k"),) and s.service_name == "sidecar-7"
+    assert s.metrics_interval == 15
 
 
 def test_an_overridden_value_is_never_parsed(tmp_path: Path) -> None:
@@ -296,3 +307,41 @@ def test_admin_port_needs_a_token_file() -> None:
     with pytest.raises(ConfigError) as err:
         load_settings({**REQUIRED, "admin_port": "8788"}, {})
     assert "admin_token_file" in str(err.value)
+
+
+def test_otel_variables_sit_between_the_file_and_capgate_variables(tmp_path: Path) -> None:
+    config = write(tmp_path, "service_name: from-file\notlp_endpoint: http://file:4318\n")
+    assert load_settings(REQUIRED, {}, config).service_name == "from-file"
+    env = {"OTEL_SERVICE_NAME": "from-otel", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"}
+    s = load_settings(REQUIRED, env, config)
+    assert (s.service_name, s.otlp_endpoint) == ("from-otel", "http://otel:4318")
+    env["CAPGATE_SERVICE_NAME"] = "from-capgate"
+    assert load_settings(REQUIRED, env, config).service_name == "from-capgate"
+    flags = {**REQUIRED, "service_name": "from-flag", "otlp_endpoint": "http://flag:4318"}
+    s = load_settings(flags, env, config)
+    assert (s.service_name, s.otlp_endpoint) == ("from-flag", "http://flag:4318")
+    # An empty OTEL_* variable is unset (the SDK's reading too).
+    assert load_settings(REQUIRED, {"OTEL_SERVICE_NAME": " "}).service_name == "capgate"
+    # The interval is in milliseconds, as the specification says.
+    assert load_settings(REQUIRED, {"OTEL_METRIC_EXPORT_INTERVAL": "5000"}).metrics_interval == 5
+
+
+def test_otel_values_are_checked_with_their_names() -> None:
+    with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER has value 'jaeger'"):
+        load_settings(REQUIRED, {"OTEL_TRACES_EXPORTER": "jaeger"})
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_ENDPOINT has value 'collector:4318'"):
+        load_settings(REQUIRED, {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    with pytest.raises(ConfigError, match="none' cannot be combined"):
+        load_settings(REQUIRED, {"OTEL_METRICS_EXPORTER": "otlp,none"})
+    with pytest.raises(ConfigError, match="needs admin_port"):
+        load_settings(REQUIRED, {"OTEL_METRICS_EXPORTER": "prometheus"})
+
+
+def test_otlp_headers_are_masked_and_never_a_flag() -> None:
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20s3cret,x-team=sre"}
+    s = load_settings({**REQUIRED, "otlp_headers": "ignored=1"}, env)
+    assert s.otlp_headers.pairs == (("Authorization", "Bearer s3cret"), ("x-team", "sre"))
+    assert "s3cret" not in repr(s)
+    with pytest.raises(ConfigError) as err:
+        load_settings(REQUIRED, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue-s3cret"})
+    assert "s3cret" not in str(err.value) and "(masked)" in str(err.value)

@@ -28,6 +28,7 @@ class Approve:
             for op in call.operations
             if op.governed and op.match is not None and op.match.rule.approval
         ]
+        call.held = True
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
         call.approval = await self.approvals.hold(

@@ -101,6 +101,7 @@ class Audit:
     def __init__(self, mac: BodyMac, observers: Sequence[CallObserver]) -> None:
         self.mac = mac
         self.observers = tuple(observers)
+        self.failures: dict[CallObserver, int] = {}  # calls each observer failed (metrics)
 
     def __call__(self, call: Call) -> None:
         if not self.observers:
@@ -110,4 +111,5 @@ class Audit:
             try:
                 observer.call_ended(call, records)
             except Exception:
+                self.failures[observer] = self.failures.get(observer, 0) + 1
                 log.exception("%s failed for request %s", type(observer).__name__, call.request_id)

@@ -11,19 +11,25 @@ read timeout still cannot hold the call past it.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gateway.call import Call
 from gateway.errors import UpstreamTimeout
+from gateway.telemetry import Telemetry
 from gateway.transport import Transport, UpstreamRequest
 
 
 class Dispatch:
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, telemetry: Telemetry | None = None) -> None:
         self.transport = transport
+        # Only when tracing: the upstream span, whose context goes upstream as traceparent.
+        self.tracing = telemetry if telemetry is not None and telemetry.tracing else None
 
     async def __call__(self, call: Call) -> None:
         assert call.upstream is not None and call.target is not None
         assert call.outbound_headers is not None and call.claims is not None
+        if self.tracing is not None:
+            self.tracing.upstream_started(call)
         request = UpstreamRequest(
             upstream=call.upstream,
             method=call.method,
@@ -42,6 +48,7 @@ class Dispatch:
         call.deadline = loop.time() + call.upstream.total_timeout
         call.dispatched = True
         deadline = asyncio.timeout_at(call.deadline)
+        call.upstream_started = time.monotonic()
         try:
             async with deadline:
                 call.response = await self.transport.send(request)
@@ -52,3 +59,5 @@ class Dispatch:
                 f"upstream {call.upstream.name!r} did not answer within the call's deadline "
                 f"({call.upstream.total_timeout:g} s)"
             ) from None
+        finally:
+            call.upstream_ended = time.monotonic()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -1092,3 +1093,190 @@ def test_the_agent_jwt_cache_is_bounded(tmp_path: Path) -> None:
     again = store.injection("services", creds, f"agent-{MAX_CACHED_SECRETS * 3 + 6}")
     assert last is not None and again is not None
     assert last.secret.reveal() == again.secret.reveal()
+
+
+# --- issue 12: OpenTelemetry -------------------------------------------------------------------
+
+AGENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+AGENT_TRACEPARENT = f"00-{AGENT_TRACE}-b7ad6b7169203331-01"
+
+
+def test_traces_given_a_url_never_makes_a_directory_named_http(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12: ``--traces http://collector:4318`` created a directory ``http:`` and wrote
+    spans into a file under it. An http(s) URL is now the OTLP/HTTP endpoint; any other
+    URL-looking value is one readable line and exit 2, before anything is created."""
+    from gateway.cli import main
+    from gateway.telemetry import plan
+
+    monkeypatch.chdir(tmp_path)
+    for bad in ("http:", "http://", "grpc://collector:4317", "collector:4318"):
+        code = main(["serve", "--policy", "p.yaml", "--jwks", "j.json", "--traces", bad], {})
+        out, err = capsys.readouterr()
+        assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+        assert "http(s):// OTLP endpoint" in err
+    assert list(tmp_path.iterdir()) == []
+    flags = {"policy": "p", "jwks": "j", "traces": "http://collector:4318"}
+    chosen = plan(load_settings(flags, {}))
+    assert (chosen.spans, chosen.spans_file) == ("otlp", None)
+    assert chosen.spans_endpoint == "http://collector:4318/v1/traces"
+
+
+async def test_there_is_otlp_export_and_there_are_metrics(
+    serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """Issue 12: no OTLP export and no metrics. The standard variables now send spans and
+    metrics over OTLP/HTTP (checked at a real receiver that decodes the protobuf)."""
+    from aiohttp.test_utils import TestServer
+
+    from mocks import otlp_receiver
+
+    app = otlp_receiver.create_app()
+    receiver = TestServer(app, host="127.0.0.1")
+    await receiver.start_server()
+    try:
+        settings = load_settings(
+            {
+                "policy": str(workspace.policy),
+                "jwks": str(workspace.jwks),
+                "upstream_key": str(workspace.upstream_key),
+                "secrets_dir": str(workspace.secrets_dir),
+                "audit": str(tmp_path / "audit.jsonl"),
+            },
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": str(receiver.make_url("/"))},
+        )
+        gw = build_gateway(settings, workspace.environ())
+        client = await serve_gateway(gw)
+        tok = workspace.token("sre-bot", ["sre-diagnostics"])
+        resp = await client.get("/metrics/metrics/cpu?window=5m", headers=_bearer(tok))
+        assert resp.status == 200
+        await asyncio.get_running_loop().run_in_executor(None, gw.telemetry.flush)
+        got = app[otlp_receiver.RECEIVED]
+        assert any(s["attributes"].get("capgate.rule") == "read-cpu" for s in got.spans)
+        assert "capgate.calls" in {m["name"] for m in got.metrics}
+    finally:
+        await receiver.close()
+
+
+def _bearer(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+async def test_the_agents_traceparent_is_a_link_never_the_parent(
+    serve_gateway: Any, example: Any, workspace: Workspace, mocks: Mocks
+) -> None:
+    """Issue 12: an incoming ``traceparent`` was ignored. Taking it as the parent would let an
+    agent place its calls in any trace it names; it is kept as a span link instead (ids
+    only), and the trace that goes upstream is the gateway's."""
+    tok = workspace.token("sre-bot", ["sre-diagnostics"])
+    headers = {**_bearer(tok), "traceparent": AGENT_TRACEPARENT, "tracestate": "evil=1"}
+    assert (await example.get("/metrics/metrics/cpu?window=5m", headers=headers)).status == 200
+    _, spans = _written(example)
+    [server] = [s for s in map(json.loads, spans.splitlines()) if s["kind"] == "SpanKind.SERVER"]
+    assert server["parent_id"] is None
+    assert server["context"]["trace_id"] != "0x" + AGENT_TRACE
+    [link] = server["links"]
+    assert link["context"]["trace_id"] == "0x" + AGENT_TRACE
+    assert "evil" not in spans.decode()
+    [seen] = mocks.requests("metrics")
+    sent = {k.lower(): v for k, v in seen["headers"].items()}
+    assert AGENT_TRACE not in sent["traceparent"] and "tracestate" not in sent
+
+
+async def test_trace_context_goes_upstream_and_recordings_treat_it_as_volatile(
+    serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """Issue 12: no trace context went upstream. It now does (W3C ``traceparent`` of the
+    gateway's upstream span), and recordings never store it: a recording made with tracing
+    on holds no trace ids, and a replay with another traceparent still finds the call."""
+    from gateway.transports.record import RecordTransport
+    from gateway.transports.replay import ReplayTransport
+    from mocks.demo import rewrite_policy_urls
+    from tests.conftest import TEST_POLICY
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
+    flags = {
+        "policy": str(policy),
+        "jwks": str(workspace.jwks),
+        "upstream_key": str(workspace.upstream_key),
+        "secrets_dir": str(workspace.secrets_dir),
+        "audit": "-",
+        "traces": "discard",
+    }
+    mocks.clear()
+    gw = build_gateway(load_settings(flags, {}), workspace.environ())
+    recorder = RecordTransport(gw.transport, tmp_path / "rec")
+    gw = gw.with_transport(recorder, recorder)
+    client = await serve_gateway(gw)
+    tok = workspace.token("tester", ["tester"], run="run-1")
+    headers = {**_bearer(tok), "traceparent": AGENT_TRACEPARENT}
+    assert (await client.get("/echo/echo/hello", headers=headers)).status == 200
+    [seen] = mocks.requests("echo")
+    sent = {k.lower(): v for k, v in seen["headers"].items()}
+    ours = sent["traceparent"].split("-")[1]
+    assert len(ours) == 32 and ours != AGENT_TRACE
+    await gw.transport.close()
+    from gateway.recording.reader import load_recording
+
+    recording = load_recording(tmp_path / "rec")
+    entries = list(recording.entries())
+    assert entries
+    for entry in entries:
+        names = {name.lower() for name, _ in entry.request_headers}
+        assert not names & {"traceparent", "tracestate"}, names
+        assert all(ours not in str(value) for _, value in entry.request_headers)
+    dead = tmp_path / "dead.yaml"
+    dead.write_text(
+        rewrite_policy_urls(TEST_POLICY.read_text(), {n: "http://127.0.0.1:9" for n in mocks.urls})
+    )
+    replay = ReplayTransport(tmp_path / "rec")
+    flags = {**flags, "policy": str(dead)}
+    rgw = build_gateway(load_settings(flags, {}), workspace.environ()).with_transport(
+        replay, replay
+    )
+    rclient = await serve_gateway(rgw)
+    headers["traceparent"] = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    assert (await rclient.get("/echo/echo/hello", headers=headers)).status == 200
+
+
+async def test_an_agent_cannot_blow_up_metric_cardinality(
+    serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """Issue 12 (metrics): label values must come from closed sets. An agent sending calls
+    to hundreds of invented upstreams, paths, methods and agent ids adds no series: unknown
+    upstreams and rules are counted as ``(other)``; agents, paths and methods are no labels."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from gateway.telemetry import Telemetry
+
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(None, metric_readers=[reader])
+    flags = {
+        "policy": str(workspace.policy),
+        "jwks": str(workspace.jwks),
+        "upstream_key": str(workspace.upstream_key),
+        "secrets_dir": str(workspace.secrets_dir),
+        "audit": "-",
+    }
+    gw = build_gateway(load_settings(flags, {}), workspace.environ())
+    observers = (*gw.observers, telemetry)
+    client = await serve_gateway(dataclasses.replace(gw, telemetry=telemetry, observers=observers))
+    for i in range(150):
+        tok = workspace.token(f"agent-{i}", ["sre-diagnostics"]) if i % 3 == 0 else f"junk{i}"
+        await client.request(
+            ("GET", "PURGE", "X-" + str(i))[i % 3], f"/u{i}/{i}?q{i}=1", headers=_bearer(tok)
+        )
+    data = reader.get_metrics_data()
+    assert data is not None
+    series = {
+        (m.name, tuple(sorted(p.attributes.items())))
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    }
+    assert len(series) <= 12, sorted(series)
+    values = {v for _, attrs in series for _, v in attrs}
+    assert not any(v.startswith(("u", "/u", "agent-", "junk", "X-")) for v in values), values

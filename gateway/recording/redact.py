@@ -86,6 +86,11 @@ SENSITIVE_HEADERS = frozenset(
 )
 """Header names (lower-case) whose whole value is never written."""
 
+VOLATILE_HEADERS = frozenset({"traceparent", "tracestate"})
+"""Request headers never written to a recording: W3C trace context is new on every call
+(the gateway's own span ids), so recording it would make every run's recording differ and
+would replay a stale trace into the next test run. Replay never matches on headers."""
+
 SENSITIVE_KEYS = frozenset(
     {
         "password",
@@ -473,7 +478,7 @@ class Redactor:
     ) -> None:
         self.sensitive_headers = frozenset(h.lower() for h in sensitive_headers)
         # Headers not written at all (e.g. ``date`` for a recording checked into a repository).
-        self.omit_headers = frozenset(h.lower() for h in omit_headers)
+        self.omit_headers = VOLATILE_HEADERS | {h.lower() for h in omit_headers}
 
     # -- the matching pass --------------------------------------------------------------------
 

@@ -322,6 +322,8 @@ class Scenario:
     setup: Callable[[Context], None] | None = None  # e.g. start a redis-server via ctx.procs
     baseline: str | None = None  # a scenario this one is compared with (info lines)
     expect_body: bytes | None = UPSTREAM_BODY  # checked once before measuring; None: any 2xx
+    audited: bool = True  # False: the scenario turns the audit off (its lines are not checked)
+    after: Callable[[Context, list[str]], None] | None = None  # notes once it has stopped
 
 
 def policy_50_rules(ctx: Context, agents: tuple[str, ...] = ("bench-bot",)) -> str:
@@ -555,6 +557,51 @@ def _redis_args(ctx: Context) -> list[str]:
     return ["--state", ctx.extra["redis_url"]]
 
 
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+def _admin_args(ctx: Context) -> list[str]:
+    """An admin listener on a free port with its 0600 token file (Prometheus' /metrics)."""
+    path = ctx.tmp / ADMIN_TOKEN_FILE
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("bench-admin-" + os.urandom(12).hex())
+    return ["--admin-port", "0", "--admin-token-file", str(path)]
+
+
+def start_otlp_receiver(ctx: Context) -> None:
+    """The local OTLP/HTTP receiver (mocks/otlp_receiver.py), beside the load generator."""
+    if "otlp_url" in ctx.extra:
+        return
+    _, ready = ctx.procs.start(
+        "otlp-receiver",
+        [sys.executable, "-m", "mocks.otlp_receiver", "--port", "0", "--keep", "1000"],
+        prefix=ctx.pinning.prefix(ctx.pinning.client_cpu),
+        ready="otlp-receiver",
+    )
+    ctx.extra["otlp_url"] = ready["url"]
+
+
+def otlp_received(ctx: Context, notes: list[str]) -> None:
+    """What the receiver decoded: spans and metric points (an export that failed is 0)."""
+    with urllib.request.urlopen(ctx.extra["otlp_url"] + "/_otlp/stats", timeout=5) as resp:  # noqa: S310 (loopback)
+        stats = json.loads(resp.read())
+    notes.append(
+        f"otel-otlp: the receiver decoded {stats['spans']} spans and {stats['points']} metric"
+        f" points in {stats['requests']} OTLP requests ({stats['bytes']} bytes, {stats['bad']}"
+        " refused)"
+    )
+    if not stats["spans"]:
+        raise BenchError("otel-otlp: no span reached the OTLP receiver")
+
+
+# The telemetry targets: (scenario, compared with, largest req/s cost in % @32 conns).
+TARGET_OTEL: tuple[tuple[str, str, float], ...] = (
+    ("otel-discard", "otel-off", 10.0),
+    ("otel-otlp", "otel-off", 20.0),
+)
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         name="capgate",
@@ -620,6 +667,46 @@ SCENARIOS: list[Scenario] = [
         roles=("analyst", "sre-diagnostics"),
         serve_args=_redis_args,
         setup=start_redis,
+    ),
+    Scenario(
+        name="otel-off",
+        description="as 'capgate' with the audit off and no telemetry: the telemetry baseline",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=lambda ctx: ["--audit", "-"],
+        audited=False,
+    ),
+    Scenario(
+        name="otel-discard",
+        description="audit on, every span recorded (server span, four child spans, link) and"
+        " batched by the SDK, then dropped; metrics on (Prometheus reader, never scraped)",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=lambda ctx: [
+            "--traces",
+            "discard",
+            "--metrics-exporter",
+            "prometheus",
+            *_admin_args(ctx),
+        ],
+        baseline="otel-off",
+    ),
+    Scenario(
+        name="otel-otlp",
+        description="audit on, spans and metrics exported by OTLP/HTTP to a local receiver"
+        " (OTEL_EXPORTER_OTLP_ENDPOINT; metrics every 2 s)",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        env=lambda ctx: {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": ctx.extra["otlp_url"],
+            "OTEL_METRIC_EXPORT_INTERVAL": "2000",
+        },
+        setup=start_otlp_receiver,
+        after=otlp_received,
+        baseline="otel-off",
     ),
 ]
 
@@ -1185,6 +1272,36 @@ def targets(results: Sequence[Result], figures: Sequence[ProcessFigures]) -> lis
                 "detail": detail if value is not None else f"needs the {sc} scenario{needs}",
             }
         )
+    out.extend(otel_targets(by))
+    return out
+
+
+def otel_targets(by: Mapping[tuple[str, int], Result]) -> list[dict[str, Any]]:
+    """What telemetry costs: req/s lost against the same gateway with audit and telemetry off
+    (``TARGET_OTEL``), with the CPU per call beside it (steadier on a shared machine)."""
+    c = TARGET_THROUGHPUT_CONNS
+    out: list[dict[str, Any]] = []
+    for sc, base, limit in TARGET_OTEL:
+        cap, ref = by.get((sc, c)), by.get((base, c))
+        cost = 100.0 * (1.0 - cap.rps / ref.rps) if cap and ref and ref.rps else None
+        detail = f"needs the {sc} and {base} scenarios and {c} in --connections"
+        if cost is not None and cap and ref:
+            detail = f"{cap.rps:.0f} vs {ref.rps:.0f} req/s"
+            cpu, ref_cpu = cap.server_cpu_us_per_req, ref.server_cpu_us_per_req
+            if cpu and ref_cpu:
+                added = 100.0 * (cpu / ref_cpu - 1)
+                detail += f"; CPU/req {cpu:.0f} vs {ref_cpu:.0f} us ({added:+.1f}%)"
+        out.append(
+            {
+                "name": f"telemetry: {sc} req/s cost against {base} @{c} conns",
+                "scenario": sc,
+                "value": None if cost is None else round(cost, 1),
+                "unit": "%",
+                "target": f"<= {limit:g}%",
+                "verdict": _verdict(cost, limit, at_most=True),
+                "detail": detail,
+            }
+        )
     return out
 
 
@@ -1543,7 +1660,12 @@ def _measure_scenario(run: _Run, ctx: Context, sc: Scenario) -> None:
     fig.rss_after_kib, fig.peak_rss_kib = mem.get("VmRSS"), mem.get("VmHWM")
     code = procs.stop(cap)
     served = sum(r.requests for r in run.results if r.target == sc.name)
-    _check_audit(run.notes, sc, target, len(tokens), code, served, scan_audit(audit))
+    if sc.audited:
+        _check_audit(run.notes, sc, target, len(tokens), code, served, scan_audit(audit))
+    else:
+        run.notes.append(f"{sc.name}: exit status {code}; audit off")
+    if sc.after is not None:
+        sc.after(ctx, run.notes)
 
 
 def _check_audit(

@@ -2,7 +2,7 @@
 
     python -m mocks.otlp_receiver [--host 127.0.0.1] [--port 0] [--keep N]
 
-Prints one line of JSON when listening: ``{"ready": true, "url": "http://host:port"}``.
+Prints one line when listening: ``otlp-receiver listening {"ready": true, "url": "http://..."}``.
 
 * ``POST /v1/traces``   ``ExportTraceServiceRequest`` (protobuf, optionally gzip), answered
   with an empty ``ExportTraceServiceResponse``
@@ -196,7 +196,8 @@ async def _serve(host: str, port: int, keep: int) -> None:
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     real = runner.addresses[0][1]
-    print(json.dumps({"ready": True, "url": f"http://{host}:{real}"}), flush=True)
+    ready = {"ready": True, "url": f"http://{host}:{real}"}
+    print(f"otlp-receiver listening {json.dumps(ready)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -111,9 +111,8 @@ class Call:
     held: bool = False  # approve: the call waited for a person's decision
     upstream_started: float = 0.0  # dispatch: monotonic time the exchange began
     upstream_ended: float = 0.0  # dispatch: ... and its answer's head arrived (or it failed)
-    # telemetry (only when tracing): the server span, the upstream span, stage end times
+    # telemetry (only when tracing): the call's trace (ids, start), stage end times
     span: Any = None
-    upstream_span: Any = None
     marks: list[float] | None = None
 
     @property

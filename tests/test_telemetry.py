@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -19,7 +22,7 @@ from opentelemetry.trace import SpanKind
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.app import Gateway, build_gateway
 from gateway.config import Settings, load_settings
-from gateway.telemetry import OTHER, Plan, Telemetry, plan
+from gateway.telemetry import OTHER, Plan, Telemetry, parse_traceparent, plan, traceparent
 from mocks import otlp_receiver
 from mocks.demo import Workspace
 from tests.conftest import Mocks
@@ -410,3 +413,61 @@ def test_otel_variables_choose_the_exporters() -> None:
         )
     )
     assert p.spans is None and not p.metrics
+
+
+_HEX = "0123456789abcdefABCDEF"
+
+
+@st.composite
+def traceparents(draw: st.DrawFn) -> str:
+    """Mostly near-valid values: the fields' lengths, alphabet, versions and extras vary."""
+
+    def hexes(n: int) -> str:
+        size = draw(st.sampled_from([n, n, n, n - 1, n + 1]))
+        alphabet = st.sampled_from(_HEX if draw(st.booleans()) else "0123456789abcdef")
+        return "".join(draw(st.lists(alphabet, min_size=size, max_size=size)))
+
+    version = draw(st.sampled_from(["00", "01", "ff", "fe", "0g", "0"]))
+    trace_id = draw(st.sampled_from(["0" * 32, hexes(32)]))
+    span_id = draw(st.sampled_from(["0" * 16, hexes(16)]))
+    flags = draw(st.sampled_from(["00", "01", "03", "ff", "1", "zz"]))
+    extra = draw(st.sampled_from(["", "", "-", "-x", "-01-extra", " ", "\t", " x"]))
+    lead = draw(st.sampled_from(["", "", " ", "\t", "x"]))
+    sep = draw(st.sampled_from(["-", "-", "-", "_"]))
+    return lead + sep.join([version, trace_id, span_id, flags]) + extra
+
+
+@given(st.one_of(traceparents(), st.text(max_size=80).filter(lambda t: "\n" not in t)))
+@hypothesis_settings(max_examples=600, deadline=None)
+def test_traceparent_parsing_agrees_with_the_sdk_propagator(value: str) -> None:
+    """Our parser (no Context built per call) accepts exactly what the SDK's W3C propagator
+    accepts, with the same ids and flags."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    sdk = trace.get_current_span(
+        TraceContextTextMapPropagator().extract({"traceparent": value})
+    ).get_span_context()
+    ours = parse_traceparent(value)
+    if not sdk.is_valid:
+        assert ours is None, value
+    else:
+        assert ours is not None, value
+        assert (ours.trace_id, ours.span_id, ours.trace_flags) == (
+            sdk.trace_id,
+            sdk.span_id,
+            sdk.trace_flags,
+        )
+
+
+def test_the_traceparent_we_send_is_the_propagators() -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    ctx = SpanContext(0x1234, 0x42, False, TraceFlags(TraceFlags.SAMPLED))
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(
+        carrier, trace.set_span_in_context(NonRecordingSpan(ctx))
+    )
+    assert carrier == {"traceparent": traceparent(0x1234, 0x42)}

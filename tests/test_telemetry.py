@@ -471,3 +471,30 @@ def test_the_traceparent_we_send_is_the_propagators() -> None:
         carrier, trace.set_span_in_context(NonRecordingSpan(ctx))
     )
     assert carrier == {"traceparent": traceparent(0x1234, 0x42)}
+
+
+async def test_state_and_audit_errors_are_counted(
+    serve_gateway: Any, gateway: Gateway, workspace: Workspace, memory: Any
+) -> None:
+    from gateway.errors import StateUnavailable
+
+    telemetry, _, reader = memory
+    gw = with_telemetry(gateway, telemetry)
+
+    def store_down(*args: Any) -> None:
+        raise StateUnavailable("the state store is down (test)")
+
+    def trail_broken(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    gw.state.is_revoked = store_down  # type: ignore[method-assign]
+    gw.audit.call_ended = trail_broken  # type: ignore[method-assign]
+    client = await serve_gateway(gw)
+    auth = {"Authorization": f"Bearer {workspace.token('tester', ['tester'])}"}
+    assert (await client.get("/echo-plain/rated/1", headers=auth)).status == 503
+    assert (await client.get("/echo-plain/lenient/1", headers=auth)).status == 200
+    got = points(reader)
+    assert got["capgate.state.errors"][0].value == 2
+    assert got["capgate.audit.errors"][0].value == 2
+    calls = {(p.attributes["reason"], p.attributes["rule"]) for p in got["capgate.calls"]}
+    assert calls == {("state_unavailable", "echo-rated"), ("allowed", "echo-open-on-state-error")}

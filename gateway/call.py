@@ -107,7 +107,7 @@ class Call:
     streaming: bool = False  # respond: the response's head was sent to the agent
     body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut
-    revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    revoked: GatewayError | None = None  # why the gateway cancelled the call in flight
     held: bool = False  # approve: the call waited for a person's decision
     upstream_started: float = 0.0  # dispatch: monotonic time the exchange began
     upstream_ended: float = 0.0  # dispatch: ... and its answer's head arrived (or it failed)

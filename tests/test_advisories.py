@@ -1325,6 +1325,18 @@ GUARDED_ELSEWHERE = {
     "CG-2026-23 record mode slowed down as runs accumulated": (
         "tests/test_advisories.py::test_recording_cost_per_call_does_not_grow_with_runs"
     ),
+    "CG-2026-26 a malformed traceparent is ignored, never an error or a parent": (
+        "tests/test_telemetry.py::test_a_malformed_traceparent_is_ignored"
+    ),
+    "CG-2026-26 our traceparent parser accepts what the SDK's propagator accepts": (
+        "tests/test_telemetry.py::test_traceparent_parsing_agrees_with_the_sdk_propagator"
+    ),
+    "CG-2026-27 the agent's tracestate passes only where a rule names it": (
+        "tests/test_telemetry.py::test_tracestate_passes_only_when_a_rule_names_it"
+    ),
+    "CG-2026-28 metric labels stay in the policy's closed set": (
+        "tests/test_telemetry.py::test_metric_labels_stay_in_the_policys_closed_set"
+    ),
 }
 
 
@@ -1356,8 +1368,8 @@ AGENT_TRACEPARENT = f"00-{AGENT_TRACE}-b7ad6b7169203331-01"
 def test_traces_given_a_url_never_makes_a_directory_named_http(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 12: ``--traces http://collector:4318`` created a directory ``http:`` and wrote
-    spans into a file under it. An http(s) URL is now the OTLP/HTTP endpoint; any other
+    """CG-2026-24 (issue 12): ``--traces http://collector:4318`` created a directory ``http:`` and
+    wrote spans into a file under it. An http(s) URL is now the OTLP/HTTP endpoint; any other
     URL-looking value is one readable line and exit 2, before anything is created."""
     from gateway.cli import main
     from gateway.telemetry import plan
@@ -1378,8 +1390,8 @@ def test_traces_given_a_url_never_makes_a_directory_named_http(
 async def test_there_is_otlp_export_and_there_are_metrics(
     serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
 ) -> None:
-    """Issue 12: no OTLP export and no metrics. The standard variables now send spans and
-    metrics over OTLP/HTTP (checked at a real receiver that decodes the protobuf)."""
+    """CG-2026-25 (issue 12): no OTLP export and no metrics. The standard variables now send spans
+    and metrics over OTLP/HTTP (checked at a real receiver that decodes the protobuf)."""
     from aiohttp.test_utils import TestServer
 
     from mocks import otlp_receiver
@@ -1418,9 +1430,9 @@ def _bearer(tok: str) -> dict[str, str]:
 async def test_the_agents_traceparent_is_a_link_never_the_parent(
     serve_gateway: Any, example: Any, workspace: Workspace, mocks: Mocks
 ) -> None:
-    """Issue 12: an incoming ``traceparent`` was ignored. Taking it as the parent would let an
-    agent place its calls in any trace it names; it is kept as a span link instead (ids
-    only), and the trace that goes upstream is the gateway's."""
+    """CG-2026-26 (issue 12): an incoming ``traceparent`` was ignored. Taking it as the parent
+    would let an agent place its calls in any trace it names; it is kept as a span link instead
+    (ids only), and the trace that goes upstream is the gateway's."""
     tok = workspace.token("sre-bot", ["sre-diagnostics"])
     headers = {**_bearer(tok), "traceparent": AGENT_TRACEPARENT, "tracestate": "evil=1"}
     assert (await example.get("/metrics/metrics/cpu?window=5m", headers=headers)).status == 200
@@ -1439,8 +1451,8 @@ async def test_the_agents_traceparent_is_a_link_never_the_parent(
 async def test_trace_context_goes_upstream_and_recordings_treat_it_as_volatile(
     serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
 ) -> None:
-    """Issue 12: no trace context went upstream. It now does (W3C ``traceparent`` of the
-    gateway's upstream span), and recordings never store it: a recording made with tracing
+    """CG-2026-27 (issue 12): no trace context went upstream. It now does (W3C ``traceparent`` of
+    the gateway's upstream span), and recordings never store it: a recording made with tracing
     on holds no trace ids, and a replay with another traceparent still finds the call."""
     from gateway.transports.record import RecordTransport
     from gateway.transports.replay import ReplayTransport
@@ -1496,9 +1508,10 @@ async def test_trace_context_goes_upstream_and_recordings_treat_it_as_volatile(
 async def test_an_agent_cannot_blow_up_metric_cardinality(
     serve_gateway: Any, workspace: Workspace, mocks: Mocks, tmp_path: Path
 ) -> None:
-    """Issue 12 (metrics): label values must come from closed sets. An agent sending calls
-    to hundreds of invented upstreams, paths, methods and agent ids adds no series: unknown
-    upstreams and rules are counted as ``(other)``; agents, paths and methods are no labels."""
+    """CG-2026-28 (issue 12): metric label values must come from closed sets. An agent sending
+    calls to hundreds of invented upstreams, paths, methods and agent ids adds no series:
+    unknown upstreams and rules are counted as ``(other)``; agents, paths and methods are no
+    labels."""
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from gateway.telemetry import Telemetry

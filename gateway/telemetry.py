@@ -71,6 +71,7 @@ import logging
 import random
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from gateway import __version__
 
+log = logging.getLogger("capgate")
 if TYPE_CHECKING:
     from gateway.audit_record import AuditRecord
     from gateway.call import Call
@@ -140,6 +142,7 @@ DURATION_BUCKETS = (
 )
 EXPORT_TIMEOUT = 10.0  # seconds one OTLP export may take
 DEFAULT_OTLP = "http://localhost:4318"  # the OTLP/HTTP default (used with an exporter, no URL)
+CLOSE_WAIT = 2.0  # seconds the stop waits for the last export (a collector may be down)
 SPAN_QUEUE = 16_384  # spans the batch processor holds (six a call) before it drops some
 SCOPE = InstrumentationScope("capgate", __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -438,6 +441,7 @@ class Telemetry:
                 metric_readers=readers,
                 resource=resource,
                 exemplar_filter=AlwaysOffExemplarFilter(),
+                shutdown_on_exit=False,  # closed by ``close``, bounded; not again at exit
             )
             self.metrics = CallMetrics(self._meter_provider)
 
@@ -613,12 +617,29 @@ class Telemetry:
             self._meter_provider.force_flush()
 
     def close(self) -> None:
-        if self._spans is not None:
-            self._spans.shutdown()
-            self._spans = None
-        if self._meter_provider is not None:
-            self._meter_provider.shutdown()
-            self._meter_provider = None
+        """Export what is left and stop, waiting at most ``CLOSE_WAIT`` seconds: with the
+        collector down the SDK would retry for its whole export timeout (15 s measured), and
+        a stop must keep to its grace. What is not out by then is dropped (said once)."""
+        spans, meters = self._spans, self._meter_provider
+        self._spans = self._meter_provider = None
+        if spans is not None or meters is not None:
+
+            def shut_down() -> None:
+                if spans is not None:
+                    spans.shutdown()
+                if meters is not None:
+                    meters.shutdown()
+
+            worker = threading.Thread(target=shut_down, name="capgate-telemetry-stop", daemon=True)
+            worker.start()
+            worker.join(CLOSE_WAIT)
+            if worker.is_alive():
+                log.warning(
+                    "telemetry: spans and metrics not exported within %gs of the stop are "
+                    "dropped (is the collector reachable?)",
+                    CLOSE_WAIT,
+                )
+                return  # the file, if any, is left to the exporting thread and the exit
         if self._out is not None:
             self._out.close()
             self._out = None

@@ -498,3 +498,31 @@ async def test_state_and_audit_errors_are_counted(
     assert got["capgate.audit.errors"][0].value == 2
     calls = {(p.attributes["reason"], p.attributes["rule"]) for p in got["capgate.calls"]}
     assert calls == {("state_unavailable", "echo-rated"), ("allowed", "echo-open-on-state-error")}
+
+
+def test_closing_with_the_collector_down_keeps_to_a_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK retries an export for its whole timeout (15 s measured with a refused port);
+    the stop waits at most CLOSE_WAIT for it, then drops the rest and says so once."""
+    import socket
+    import time
+
+    from multidict import CIMultiDict
+
+    from gateway.audit_record import BodyMac
+    from gateway.stages.audit import audit_records
+    from gateway.telemetry import CLOSE_WAIT
+    from gateway.testing import make_call
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    telemetry = Telemetry(
+        Plan(spans="otlp", spans_endpoint=dead + "/v1/traces", metrics_endpoint=dead + "/v1/m")
+    )
+    call = make_call("GET", "/metrics/metrics/cpu", headers={})
+    call.outbound_headers = CIMultiDict()
+    telemetry.call_started(call)
+    telemetry.call_ended(call, audit_records(call, BodyMac(None)))
+    started = time.monotonic()
+    telemetry.close()
+    assert time.monotonic() - started < CLOSE_WAIT + 1.0

@@ -1419,6 +1419,7 @@ async def test_there_is_otlp_export_and_there_are_metrics(
         got = app[otlp_receiver.RECEIVED]
         assert any(s["attributes"].get("capgate.rule") == "read-cpu" for s in got.spans)
         assert "capgate.calls" in {m["name"] for m in got.metrics}
+        gw.telemetry.close()  # before the receiver goes: its last export has somewhere to go
     finally:
         await receiver.close()
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 from hypothesis import given
-from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,6 +25,7 @@ from gateway.telemetry import OTHER, Plan, Telemetry, parse_traceparent, plan, t
 from mocks import otlp_receiver
 from mocks.demo import Workspace
 from tests.conftest import Mocks
+from tests.helpers_core import FUZZ
 
 AGENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 AGENT_SPAN = "b7ad6b7169203331"
@@ -385,6 +385,7 @@ async def test_otlp_reaches_a_local_receiver(
         assert {
             (p["attributes"]["reason"], p["attributes"]["upstream"], p["value"]) for p in calls
         } >= {("allowed", "metrics", 1), ("no_rule", OTHER, 1)}
+        gw.telemetry.close()  # before the receiver goes: its last export has somewhere to go
     finally:
         await receiver.close()
 
@@ -438,7 +439,7 @@ def traceparents(draw: st.DrawFn) -> str:
 
 
 @given(st.one_of(traceparents(), st.text(max_size=80).filter(lambda t: "\n" not in t)))
-@hypothesis_settings(max_examples=600, deadline=None)
+@FUZZ
 def test_traceparent_parsing_agrees_with_the_sdk_propagator(value: str) -> None:
     """Our parser (no Context built per call) accepts exactly what the SDK's W3C propagator
     accepts, with the same ids and flags."""

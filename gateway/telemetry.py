@@ -237,14 +237,19 @@ class _Discard(SpanExporter):
         return None
 
 
+# Span and trace ids: our own generator (seeded from the OS, like ``random``'s), so drawing
+# ids never moves the process-wide ``random`` state that tests or libraries may seed.
+_IDS = random.Random()  # noqa: S311 (ids need to be unique, not secret; the SDK does the same)
+
+
 class CallTrace:
     """A call's trace while it runs: its ids, start time, the agent's link, stage ends."""
 
     __slots__ = ("trace_id", "span_id", "start_ns", "links", "upstream_id")
 
     def __init__(self, links: tuple[Link, ...]) -> None:
-        self.trace_id = random.getrandbits(128) or 1
-        self.span_id = random.getrandbits(64) or 1
+        self.trace_id = _IDS.getrandbits(128) or 1
+        self.span_id = _IDS.getrandbits(64) or 1
         self.start_ns = time.time_ns()
         self.links = links
         self.upstream_id = 0  # the upstream span's id, once the call is sent
@@ -527,7 +532,7 @@ class Telemetry:
         ct = call.span
         if ct is None or call.outbound_headers is None:
             return
-        ct.upstream_id = random.getrandbits(64) or 1
+        ct.upstream_id = _IDS.getrandbits(64) or 1
         # Replaces any traceparent a rule let through: the trace that goes upstream is ours.
         call.outbound_headers["traceparent"] = traceparent(ct.trace_id, ct.upstream_id)
 
@@ -582,7 +587,7 @@ class Telemetry:
             out.append(
                 ReadableSpan(
                     phase,
-                    SpanContext(trace_id, random.getrandbits(64) or 1, False, SAMPLED),
+                    SpanContext(trace_id, _IDS.getrandbits(64) or 1, False, SAMPLED),
                     server,
                     resource,
                     start_time=zero + int(marks[first] * 1e9),

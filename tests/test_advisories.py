@@ -1419,7 +1419,9 @@ async def test_there_is_otlp_export_and_there_are_metrics(
         got = app[otlp_receiver.RECEIVED]
         assert any(s["attributes"].get("capgate.rule") == "read-cpu" for s in got.spans)
         assert "capgate.calls" in {m["name"] for m in got.metrics}
-        gw.telemetry.close()  # before the receiver goes: its last export has somewhere to go
+        # Before the receiver goes (its last export has somewhere to go), off the loop (the
+        # receiver answering that export runs on it).
+        await asyncio.get_running_loop().run_in_executor(None, gw.telemetry.close)
     finally:
         await receiver.close()
 

@@ -385,7 +385,9 @@ async def test_otlp_reaches_a_local_receiver(
         assert {
             (p["attributes"]["reason"], p["attributes"]["upstream"], p["value"]) for p in calls
         } >= {("allowed", "metrics", 1), ("no_rule", OTHER, 1)}
-        gw.telemetry.close()  # before the receiver goes: its last export has somewhere to go
+        # Before the receiver goes (its last export has somewhere to go), off the loop (the
+        # receiver answering that export runs on it).
+        await asyncio.get_running_loop().run_in_executor(None, gw.telemetry.close)
     finally:
         await receiver.close()
 

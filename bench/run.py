@@ -665,9 +665,19 @@ SCENARIOS: list[Scenario] = [
         audited=False,
     ),
     Scenario(
+        name="otel-audit",
+        description="as 'otel-off' with the audit file on: what the audit's share of the"
+        " telemetry scenarios' cost is",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        baseline="otel-off",
+    ),
+    Scenario(
         name="otel-discard",
-        description="audit on, every span recorded (server span, four child spans) and batched"
-        " by the SDK's processor, then dropped (--traces discard); no metrics",
+        description="audit on, every span recorded (server span, upstream span, slow or"
+        " refusing phases) and batched by the SDK's processor, then dropped (--traces"
+        " discard); no metrics",
         policy=policy_50_rules,
         path="/metrics" + UPSTREAM_PATH,
         roles=("analyst", "sre-diagnostics"),

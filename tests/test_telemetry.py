@@ -41,9 +41,12 @@ def with_telemetry(gw: Gateway, telemetry: Telemetry) -> Gateway:
 
 @pytest.fixture
 def memory() -> tuple[Telemetry, InMemorySpanExporter, InMemoryMetricReader]:
+    """In-memory span exporter and metric reader; every phase gets its span, however short."""
     spans = InMemorySpanExporter()
     reader = InMemoryMetricReader()
-    return Telemetry(Plan(), span_exporter=spans, metric_readers=[reader]), spans, reader
+    telemetry = Telemetry(Plan(), span_exporter=spans, metric_readers=[reader])
+    telemetry.phase_min = 0.0
+    return telemetry, spans, reader
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -529,3 +532,24 @@ def test_closing_with_the_collector_down_keeps_to_a_bound(caplog: pytest.LogCapt
     started = time.monotonic()
     telemetry.close()
     assert time.monotonic() - started < CLOSE_WAIT + 1.0
+
+
+async def test_fast_phases_get_no_span_but_a_refusing_one_does(
+    serve_gateway: Any, gateway: Gateway, workspace: Workspace
+) -> None:
+    """The common path stays lean: phases under PHASE_SPAN_MIN are not spans of their own,
+    unless the phase refused the call; the upstream span is always there."""
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry(Plan(), span_exporter=exporter)
+    client = await serve_gateway(with_telemetry(gateway, telemetry))
+    auth = {"Authorization": f"Bearer {workspace.token('tester', ['tester'])}"}
+    assert (await client.get("/echo/echo/hello", headers=auth)).status == 200
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert "capgate upstream" in names and "GET /echo" in names
+    assert len(names) < 6  # a cached token and a compiled rule take well under 1 ms each
+    exporter.clear()
+    assert (
+        await client.get("/echo/echo/hello", headers={"Authorization": "Bearer x"})
+    ).status == 401
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert "capgate authenticate" in names and "capgate upstream" not in names

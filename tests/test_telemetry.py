@@ -363,6 +363,7 @@ async def test_otlp_reaches_a_local_receiver(
         )
         assert plan(s).spans == "otlp" and plan(s).metrics_endpoint == endpoint + "/v1/metrics"
         gw = build_gateway(s, workspace.environ())
+        gw.telemetry.phase_min = 0.0  # every phase a span, to see them arrive
         client = await serve_gateway(gw)
         tok = workspace.token("sre-bot", ["sre-diagnostics"])
         headers = {"Authorization": f"Bearer {tok}", "traceparent": AGENT_TRACEPARENT}

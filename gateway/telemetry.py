@@ -464,7 +464,7 @@ class Telemetry:
         if p.spans is None:
             return None
         if p.spans == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from gateway.otlp_wire import SpanExporter as OTLPSpanExporter
 
             exporter = OTLPSpanExporter(
                 endpoint=p.spans_endpoint, headers=dict(p.headers), timeout=EXPORT_TIMEOUT

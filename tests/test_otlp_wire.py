@@ -1,0 +1,81 @@
+"""Our OTLP span bytes decode to exactly what the SDK's own encoder produces."""
+
+from __future__ import annotations
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from gateway.otlp_wire import Encoder
+from gateway.telemetry import SCOPE
+
+
+def spans() -> list[ReadableSpan]:
+    resource = Resource({"service.name": "capgate", "service.version": "0.1.0", "n": 3})
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    server = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, sampled)
+    agent = SpanContext(0x1234, 0x5678, True, sampled)
+    attrs = {
+        "capgate.request_id": "0123456789abcdef",
+        "capgate.agent": "bench-bot",
+        "capgate.decision": "deny",
+        "http.response.status_code": 403,
+        "neg": -5,
+        "ok": True,
+        "ratio": 0.25,
+        "list": ["a", "b"],
+        "unicode": "\u00e9t\u00e9",
+    }
+    out = []
+    for i in range(3):  # repeated pairs come from the cache the second time
+        out.append(
+            ReadableSpan(
+                "GET /metrics",
+                server,
+                None,
+                resource,
+                attrs,
+                links=(Link(agent, {"capgate.link": "agent"}),),
+                kind=SpanKind.SERVER,
+                status=Status(StatusCode.ERROR, "no_rule"),
+                start_time=1_764_620_000_000_000_000 + i,
+                end_time=1_764_620_000_000_500_000 + i,
+                instrumentation_scope=SCOPE,
+            )
+        )
+        out.append(
+            ReadableSpan(
+                "capgate upstream",
+                SpanContext(server.trace_id, 0x42 + i, False, sampled),
+                server,
+                resource,
+                {"capgate.upstream": "metrics"},
+                kind=SpanKind.CLIENT,
+                start_time=1,
+                end_time=2,
+                instrumentation_scope=SCOPE,
+            )
+        )
+        out.append(
+            ReadableSpan(
+                "capgate checks",
+                SpanContext(server.trace_id, 0x99 + i, False, sampled),
+                server,
+                resource,
+                start_time=3,
+                end_time=4,
+                instrumentation_scope=SCOPE,
+            )
+        )
+    return out
+
+
+def test_our_bytes_decode_to_the_sdks_request() -> None:
+    batch = spans()
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(Encoder().request(batch))
+    assert MessageToDict(ours) == MessageToDict(encode_spans(batch))
+    assert ours == encode_spans(batch)

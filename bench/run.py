@@ -501,6 +501,7 @@ def policy_50_rules_sql(ctx: Context) -> str:
         "      - id: query-orders\n"
         "        upstream: db\n"
         "        allow: POST /query\n"
+        "        attempts: none\n"  # the bench measures the check, not the attempt limit
         "        sql:\n"
         "          field: sql\n"
         "          dialect: sqlite\n"

@@ -14,7 +14,8 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
     │   └── UnsupportedMediaType (415) unsupported_media_type
     ├── PayloadTooLarge (413)       payload_too_large
-    ├── Throttled (429)             rate_limited, quota_exhausted
+    ├── Throttled (429)             rate_limited, quota_exhausted, concurrency_limited,
+    │                               attempts_limited
     ├── ApprovalTimeout (408)       approval_timeout
     ├── UpstreamError (502)         upstream_unavailable
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
@@ -62,6 +63,7 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
+    ATTEMPTS_LIMITED = "attempts_limited"
     REQUEST_TIMEOUT = "request_timeout"
     GATEWAY_STOPPING = "gateway_stopping"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -315,6 +317,14 @@ class RateLimited(Throttled):
     reason = Reason.RATE_LIMITED
 
 
+class AttemptsLimited(Throttled):
+    """Raised when the agent's attempts at a rule (allowed or not, counted before the payload
+    is checked) are used up for now."""
+
+    reason = Reason.ATTEMPTS_LIMITED
+    title = "Too many attempts"
+
+
 class QuotaExhausted(Throttled):
     """Raised when the run's quota of calls (in total or for the rule) is spent."""
 
@@ -448,6 +458,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
+    Reason.ATTEMPTS_LIMITED: AttemptsLimited,
     Reason.REQUEST_TIMEOUT: RequestTimeout,
     Reason.GATEWAY_STOPPING: GatewayStopping,
     Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,

@@ -1,7 +1,7 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
+    receive -> route -> authenticate -> match_policy -> count_attempts -> validate
+            -> throttle -> approve -> inject
             -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -32,6 +32,7 @@ from gateway.shares import UpstreamShares
 from gateway.stages.approve import Approve
 from gateway.stages.audit import Audit
 from gateway.stages.authenticate import Authenticate, RevocationCheck
+from gateway.stages.count_attempts import CountAttempts
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
@@ -83,6 +84,7 @@ class Pipeline:
             Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
             MatchPolicy(),
+            CountAttempts(services.state),
             Validate(),
             Throttle(services.state),
             Approve(services.approvals, services.inflight),

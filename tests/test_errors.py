@@ -103,6 +103,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "rate_limited",
         "quota_exhausted",
         "concurrency_limited",
+        "attempts_limited",
         "request_timeout",
         "gateway_stopping",
         "upstream_unavailable",

@@ -30,6 +30,7 @@ from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
 from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
 from gateway.call import CallObserver
+from gateway.check_workers import CheckWorkers
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError
@@ -124,6 +125,7 @@ class Gateway:
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
     upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
+    check_workers: CheckWorkers = field(default_factory=CheckWorkers)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
     pipeline: Pipeline = field(init=False)
@@ -142,6 +144,7 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                check_workers=self.check_workers,
             )
         )
 
@@ -287,6 +290,7 @@ async def _health(gw: Gateway) -> web.Response:
             "refused": dict(gw.guard.totals),
         },
         "upstreams_in_flight": gw.upstream_shares.snapshot(),
+        "check_workers": gw.check_workers.snapshot(),
     }
     return web.json_response(body, status=200 if ok else 503)
 
@@ -314,6 +318,7 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await gw.transport.close()
+        gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
         gw.telemetry.close()

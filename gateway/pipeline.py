@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
 from gateway.call import Call, CallObserver, CallProtocol
+from gateway.check_workers import CheckWorkers
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
 from gateway.inflight import InFlight
@@ -67,6 +68,7 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    check_workers: CheckWorkers | None = None
 
 
 def new_request_id() -> str:
@@ -85,7 +87,7 @@ class Pipeline:
             Authenticate(services.verifier, self.revocation),
             MatchPolicy(),
             CountAttempts(services.state),
-            Validate(),
+            Validate(services.check_workers),
             Throttle(services.state),
             Approve(services.approvals, services.inflight),
             Inject(services.credentials),

@@ -27,6 +27,7 @@ from gateway.checks.sql.limits import (
     CHECK_BACKSTOP_SECONDS,
     DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
+    OFFLOAD_MIN_CHARS,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
@@ -157,6 +158,11 @@ class SqlPolicy(SqlRules):
         if isinstance(result, Refusal):
             raise result.error(self.rule_id)
         return result
+
+    def costly(self, text: str) -> bool:
+        """Whether checking ``text`` may take long enough to belong off the event loop: it is
+        at least ``OFFLOAD_MIN_CHARS`` long and its verdict is not cached."""
+        return len(text) >= OFFLOAD_MIN_CHARS and text not in self._verdicts
 
     def cache_info(self) -> dict[str, int]:
         """Hits and misses of this policy's verdict cache."""

@@ -150,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     psub.add_parser(
         "schema", help="print the JSON Schema of the policy file (for editors and linters)"
     )
+    pg = psub.add_parser(
+        "grants", help="print the database grants that mirror a rule's sql: policy"
+    )
+    pg.add_argument("--dialect", required=True, choices=("postgres", "sqlite"))
+    pg.add_argument("--role", required=True, help="the database role that gets the grants")
+    pg.add_argument("--rule", help="the rule (needed when several check SQL of the dialect)")
+    pg.add_argument("--statement-timeout", default="5s", help="postgres: the role's timeout")
+    pg.add_argument("--source", default="full.db", help="sqlite: the full database to copy")
+    pg.add_argument("policy", nargs="?", type=Path, default=Path("policy.yaml"))
     pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
     pt.add_argument("--policy", required=True, type=Path)
     pt.add_argument("recording", type=Path)
@@ -300,6 +309,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
         from gateway.commands.recording import cmd_policy_test
 
         return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
+    if args.policy_command == "grants":
+        return _cmd_policy_grants(args)
     if args.policy_command == "check":
         bad = 0
         for path in args.files:
@@ -351,6 +362,30 @@ def cmd_policy(args: argparse.Namespace) -> int:
     )
     print(json.dumps(decision, indent=2, default=str))
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
+
+
+def _cmd_policy_grants(args: argparse.Namespace) -> int:
+    from gateway.commands.grants import GrantsError, print_grants
+    from gateway.policy.load import load_policy
+    from gateway.policy_file import PolicyError
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        raise CliError(f"policy has errors:\n{exc}") from None
+    try:
+        grants = print_grants(
+            policy,
+            dialect=args.dialect,
+            role=args.role,
+            rule_id=args.rule,
+            statement_timeout=args.statement_timeout,
+            source=args.source,
+        )
+    except GrantsError as exc:
+        raise CliError(str(exc)) from None
+    sys.stdout.write(grants.text())
+    return EXIT_OK if grants.complete else EXIT_NEGATIVE
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ OFFLOAD_MIN_CHARS = 1024
 """An uncached text at least this long is checked in a worker thread (``check_workers``),
 off the event loop. Measured uncached (bench/sql_bench.py --sizes): ~90 characters 0.2 ms
 (PostgreSQL) to 0.7 ms (MySQL), ~1.4 K 2-7 ms, ~11 K 21-126 ms; handing a check to a thread
-and back costs ~0.1 ms, so shorter texts stay inline and the common small case stays fast.
+and back costs ~0.1-0.4 ms (a loaded 2-core box), so shorter texts stay inline.
 """
 PG_MAX_IDENTIFIER_BYTES = 63
 """PostgreSQL silently truncates longer identifiers; sqlglot does not."""

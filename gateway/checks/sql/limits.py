@@ -29,8 +29,6 @@ off the event loop. Measured uncached (bench/sql_bench.py --sizes): ~90 characte
 (PostgreSQL) to 0.7 ms (MySQL), ~1.4 K 2-7 ms, ~11 K 21-126 ms; handing a check to a thread
 and back costs ~0.1-0.4 ms (a loaded 2-core box), so shorter texts stay inline.
 """
-PG_MAX_IDENTIFIER_BYTES = 63
-"""PostgreSQL silently truncates longer identifiers; sqlglot does not."""
 
 # --- the settings of a policy -------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from sqlglot import exp
 from gateway.checks.sql import parsing, postgres, sqlite
 from gateway.checks.sql.cache import Lru
 from gateway.checks.sql.driver import check_statement
-from gateway.checks.sql.lexing import raw_text_problems
+from gateway.checks.sql.lexing import lexer_key, raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     CHECK_BACKSTOP_SECONDS,
@@ -85,6 +85,8 @@ class SqlPolicy(SqlRules):
         max_joins: int = DEFAULT_MAX_JOINS,
         server_version: int | None = None,
         standard_conforming_strings: bool | None = None,
+        sql_mode: str | None = None,
+        parameters: Iterable[str] = (),
         rule_id: str | None = None,
     ) -> SqlPolicy:
         """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
@@ -105,6 +107,8 @@ class SqlPolicy(SqlRules):
             max_joins=max_joins,
             server_version=server_version,
             standard_conforming_strings=standard_conforming_strings,
+            sql_mode=sql_mode,
+            parameters=tuple(parameters),
         )
         return cls.from_settings(settings, rule_id=rule_id)
 
@@ -207,7 +211,7 @@ class SqlPolicy(SqlRules):
         return self._read_sqlglot(text)
 
     def _read_sqlglot(self, text: str) -> Reading:
-        parsed = parsing.parse(self.dialect, text)
+        parsed = parsing.parse(lexer_key(self.dialect, self.sql_mode), text, self.parameters)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
         statements = [

@@ -937,3 +937,11 @@ async def test_explain_runs_the_sql_check_in_the_pipeline() -> None:
     assert (denied["decision"], denied["reason"], denied["status"]) == ("deny", "sql_denied", 403)
     assert denied["rule"] == "query-orders"
     assert denied["errors"][0]["kind"] == "column"
+
+
+def test_row_packing_functions_are_out_of_the_default_list() -> None:
+    from gateway.checks.sql.options import DEFAULT_FUNCTIONS, ROW_PACKING
+
+    assert DEFAULT_FUNCTIONS.isdisjoint(ROW_PACKING)
+    for name in sorted(ROW_PACKING):  # and each one, called, is refused (PostgreSQL)
+        assert kind_of(make(), f"SELECT {name}(id) FROM orders") == "function"

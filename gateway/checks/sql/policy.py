@@ -31,7 +31,7 @@ from gateway.checks.sql.limits import (
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.reading import Reading
+from gateway.checks.sql.reading import Reading, count_statements
 from gateway.checks.sql.settings import SqlRules, SqlSettings
 from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
@@ -217,14 +217,7 @@ class SqlPolicy(SqlRules):
         statements = [
             s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
         ]
-        if not statements:
-            raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-        if len(statements) > self.max_statements:
-            raise Refusal.of(
-                Denial.MULTIPLE,
-                f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
-                str(len(statements)),
-            )
+        count_statements(len(statements), self.max_statements)
         reading = Reading(statements=len(statements), end=parsed.last_end + 1)
         for root in statements:
             statement = Statement(self, parsed, text, root)

@@ -2,6 +2,7 @@
 
     python -m bench.sql_bench            # the active sqlglot build, then pure Python in a child
     python -m bench.sql_bench --no-pure  # the active build only
+    python -m bench.sql_bench --sizes    # uncached check time by text length (the offload size)
 
 "uncached" gives every call a new text (a different literal), so each one is tokenized,
 parsed and checked; "cached" repeats one text, which the policy's verdict cache answers.
@@ -143,12 +144,69 @@ def report(results: dict[str, Any]) -> None:
         )
 
 
+def _or_chain(terms: int, n: int) -> str:
+    conds = " OR ".join(f"(o.total_cents > {n + i} AND o.status = 'p{i}')" for i in range(terms))
+    return f"SELECT o.id, o.status FROM orders o WHERE {conds} LIMIT 10"
+
+
+def sizes(calls: int) -> None:
+    """Uncached check time by text length, per dialect: where ``OFFLOAD_MIN_CHARS`` (the
+    length from which a check runs in a worker thread) comes from."""
+    import asyncio
+
+    from gateway.check_workers import CheckWorkers
+    from gateway.checks.sql import SqlPolicy
+    from gateway.errors import SqlDenied
+
+    policies = {
+        d: SqlPolicy.create(
+            d,
+            tables=["orders", "customers"],
+            schema=SCHEMA,
+            deny_columns=["customers.ssn"],
+            max_limit=1000,
+            server_version=15 if d == "postgres" else None,
+        )
+        for d in ("postgres", "sqlite", "mysql")
+    }
+    calls = max(calls // 10, 10)
+    print(f"  {'chars':>6}" + "".join(f"{d:>12}" for d in policies))
+    for terms in (1, 10, 30, 60, 120, 250):
+        row = []
+        for policy in policies.values():
+            offset = 10**6 * terms
+
+            def check(n: int, policy: Any = policy, terms: int = terms, at: int = offset) -> object:
+                try:
+                    return policy.check(_or_chain(terms, at + 1000 * n))
+                except SqlDenied:  # past the backstop on a busy machine: timed all the same
+                    return None
+
+            row.append(_per_call(check, calls) / 1000)
+        print(f"  {len(_or_chain(terms, 0)):>6}" + "".join(f"{ms:>10.2f}ms" for ms in row))
+
+    async def handoff() -> float:
+        workers = CheckWorkers()
+        await workers.run("a", lambda: None)
+        started = time.perf_counter()
+        for _ in range(500):
+            await workers.run("a", lambda: None)
+        workers.close()
+        return (time.perf_counter() - started) / 500 * 1e6
+
+    print(f"  a worker thread and back: {asyncio.run(handoff()):.0f}µs")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per timed run")
     parser.add_argument("--no-pure", action="store_true", help="skip the pure-Python child")
     parser.add_argument("--child-pure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", action="store_true", help="uncached check time by length")
     args = parser.parse_args(argv)
+    if args.sizes:
+        sizes(args.calls)
+        return 0
     if args.child_pure:
         sys.meta_path.insert(0, _PureSqlglot())
         print(json.dumps(measure(max(args.calls // 4, 20))))

@@ -14,7 +14,8 @@ One run starts, each in its own process and on 127.0.0.1 only:
   one (``capgate``, the HTTP rule) has a 50-rule policy, token verification, a bearer
   credential injected from the environment, and the audit file on. Others add a SQL check
   (``capgate+sql``: one SQL text, cached after the first call; ``capgate+sql-unique``: a new
-  SQL text on every call, so the parse and verdict caches never serve one), 64 agents'
+  SQL text on every call, so the parse and verdict caches never serve one; SQLite's compiler
+  reads it, or PostgreSQL's parser in ``capgate+sql-unique-pg``), 64 agents'
   tokens taken in turn (``capgate+64-agents``: the verified-token cache holds 64 entries and
   no single one serves every call), Redis state and a rate limit.
 
@@ -514,6 +515,13 @@ def policy_50_rules_sql(ctx: Context) -> str:
     )
 
 
+def policy_50_rules_sql_postgres(ctx: Context) -> str:
+    """As ``policy_50_rules_sql``, the SQL read by PostgreSQL's parser (pglast) instead."""
+    return policy_50_rules_sql(ctx).replace(
+        "          dialect: sqlite\n", "          dialect: postgres\n          server_version: 15\n"
+    )
+
+
 def start_redis(ctx: Context) -> None:
     """A throwaway redis-server on a free port (beside the load generator's CPU)."""
     redis = shutil.which("redis-server")
@@ -580,6 +588,18 @@ SCENARIOS: list[Scenario] = [
         description="as 'capgate+sql', but every call's SQL text is new (`o.id > <n>`, n"
         " counting up): parsed and checked each time, no cache serves it",
         policy=policy_50_rules_sql,
+        path="/db/query",
+        roles=("sql-analyst",),
+        method="POST",
+        body_template=json.dumps({"sql": SQL_QUERY_UNIQUE}),
+        content_type="application/json",
+        baseline="capgate+sql",
+    ),
+    Scenario(
+        name="capgate+sql-unique-pg",
+        description="as 'capgate+sql-unique', the rule's dialect PostgreSQL (pglast's parser"
+        " reads every new text)",
+        policy=policy_50_rules_sql_postgres,
         path="/db/query",
         roles=("sql-analyst",),
         method="POST",

@@ -33,8 +33,10 @@ from gateway.call import CallObserver
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError
+from gateway.events import EventHub
 from gateway.inflight import InFlight
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
+from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -43,6 +45,7 @@ from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.shares import UpstreamShares
+from gateway.stages.audit import audit_record
 from gateway.state import open_store
 from gateway.state.base import StateStore
 from gateway.telemetry import Telemetry
@@ -126,6 +129,8 @@ class Gateway:
     upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
+    events: EventHub = field(default_factory=EventHub)
+    operators: OperatorBook | None = None
     pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +153,47 @@ class Gateway:
     @property
     def policy(self) -> Policy:
         return self.policies.policy
+
+    def inflight_calls(self) -> list[dict[str, Any]]:
+        """Calls held for approval or being forwarded now, as the console shows them: the
+        fields of their audit record so far (no body, query value or argument)."""
+        out = []
+        for call in self.inflight.calls():
+            record = audit_record(call, self.mac)
+            out.append(
+                {
+                    "request_id": record["request_id"],
+                    "agent": record["agent"],
+                    "run": record["run"],
+                    "upstream": record["upstream"],
+                    "method": record["method"],
+                    "path": record["path"],
+                    "rule": record["rule"],
+                    "seconds": round(record["duration_ms"] / 1000, 3),
+                    "state": "forwarded" if call.dispatched else "held for approval",
+                }
+            )
+        return out
+
+    async def health_report(self) -> tuple[int, dict[str, Any]]:
+        """The health check's status and body (agents' port and admin API alike)."""
+        state = await self.state.health()
+        background = self.watch.health()
+        ok = bool(state.get("reachable", False)) and background["ok"]
+        body = {
+            "status": "ok" if ok else "degraded",
+            "version": __version__,
+            "policy": {"source": self.policy.source, "digest": self.policy.digest},
+            "state": state,
+            "background": background,
+            "connections": {
+                "open": self.guard.open,
+                "max": self.guard.max_connections,
+                "refused": dict(self.guard.totals),
+            },
+            "upstreams_in_flight": self.upstream_shares.snapshot(),
+        }
+        return (200 if ok else 503), body
 
     def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
         """The same gateway sending through ``transport`` (tests, the example recording)."""
@@ -195,13 +241,27 @@ class Gateway:
         return True
 
 
+def _operator_book(settings: Settings) -> OperatorBook | None:
+    """Who may use the admin API: the operators file, and the legacy admin token."""
+    if settings.admin_port is None:
+        return None
+    legacy = read_admin_token(settings.admin_token_file) if settings.admin_token_file else None
+    book = OperatorBook(settings.operators_file, admin_token=legacy)
+    if not len(book):
+        raise ConfigError(
+            f"the admin listener has no operators: {settings.operators_file} lists none "
+            "(capgate operators add NAME --role admin --file FILE)"
+        )
+    return book
+
+
 def check_approvers(policy: Policy, settings: Settings) -> None:
     """A rule that holds calls for approval needs someone who can approve (fail closed)."""
     held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
     if held and settings.admin_port is None:
         raise ConfigError(
             f"rules {held} require approval, but no admin listener is configured to approve "
-            "them (--admin-port and --admin-token-file)"
+            "them (--admin-port and --operators)"
         )
 
 
@@ -251,6 +311,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(telemetry)
     if denials is not None:
         observers.append(DenialRecorder(denials))
+    events = EventHub()
+    observers.append(events)  # the live stream and the console's table of recent calls
     return Gateway(
         settings=settings,
         policies=PolicyHolder(policy, stamp),
@@ -261,8 +323,14 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         audit=audit,
         mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
         telemetry=telemetry,
-        approvals=Approvals(settings.approval_timeout, per_agent=settings.approvals_per_agent),
+        approvals=Approvals(
+            settings.approval_timeout,
+            per_agent=settings.approvals_per_agent,
+            on_event=events.publish,
+        ),
         observers=tuple(observers),
+        events=events,
+        operators=_operator_book(settings),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -272,23 +340,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
 
 
 async def _health(gw: Gateway) -> web.Response:
-    state = await gw.state.health()
-    background = gw.watch.health()
-    ok = bool(state.get("reachable", False)) and background["ok"]
-    body = {
-        "status": "ok" if ok else "degraded",
-        "version": __version__,
-        "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
-        "state": state,
-        "background": background,
-        "connections": {
-            "open": gw.guard.open,
-            "max": gw.guard.max_connections,
-            "refused": dict(gw.guard.totals),
-        },
-        "upstreams_in_flight": gw.upstream_shares.snapshot(),
-    }
-    return web.json_response(body, status=200 if ok else 503)
+    status, body = await gw.health_report()
+    return web.json_response(body, status=status)
 
 
 @contextlib.asynccontextmanager
@@ -317,6 +370,18 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         await gw.state.close()
         gw.audit.close()
         gw.telemetry.close()
+
+
+def _reload_operators(gw: Gateway) -> None:
+    """A changed operators file takes effect at once; a bad one is reported, the operators
+    in force stay."""
+    if gw.operators is None:
+        return
+    try:
+        if gw.operators.reload():
+            log.info("operators reloaded from %s (%d)", gw.operators.path, len(gw.operators))
+    except ConfigError as exc:
+        log.error("operators reload refused: %s; keeping the operators in force", exc)
 
 
 STATE_HEALTH_EVERY = 5.0
@@ -348,6 +413,7 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
+    _reload_operators(gw)
     gw.audit.flush()
     summary = gw.guard.summarise(now)
     if summary is not None:
@@ -423,17 +489,13 @@ async def serve(
 ) -> None:
     """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
     gw = build_gateway(settings, environ)
-    admin_token = None
-    if settings.admin_port is not None:
-        assert settings.admin_token_file is not None  # load_settings requires it
-        admin_token = read_admin_token(settings.admin_token_file)
     async with running(gw):
         # What start-up built (modules, the policy, keys) lives as long as the process: keep
         # it out of the garbage collector's scans, which otherwise walk it on every full pass.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        await _listen(gw, settings, admin_token, on_ready)
+        await _listen(gw, settings, on_ready)
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
 
 
@@ -477,7 +539,6 @@ def _fit_connections(gw: Gateway) -> None:
 async def _listen(
     gw: Gateway,
     settings: Settings,
-    admin_token: bytes | None,
     on_ready: Callable[[str], None] | None,
 ) -> None:
     """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
@@ -495,9 +556,12 @@ async def _listen(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
     admin_runner: web.AppRunner | None = None
-    if settings.admin_port is not None and admin_token is not None:
-        admin_app = create_admin_app(gw.approvals, admin_token)
-        admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
+    if settings.admin_port is not None and gw.operators is not None:
+        admin_app = create_admin_app(gw, gw.operators)
+        # Event streams never end by themselves: at shutdown they are cut after a moment.
+        admin_runner = web.AppRunner(
+            admin_app, handle_signals=False, access_log=None, shutdown_timeout=CANCEL_WAIT
+        )
         await admin_runner.setup()
         try:
             await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()

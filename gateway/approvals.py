@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,15 @@ from gateway.errors import ApprovalDenied, ApprovalTimeout
 from gateway.shares import Shares
 
 MAX_PENDING = 1000
+MAX_REASON = 500  # characters of an operator's note on a decision
 BODY_PREVIEW = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    approved: bool
+    by: str  # the operator's name
+    reason: str = ""
 
 
 @dataclass
@@ -36,7 +45,7 @@ class Pending:
     body: str | None
     created: float
     deadline: float
-    decided: asyncio.Future[tuple[bool, str]] = field(repr=False)
+    decided: asyncio.Future[Decision] = field(repr=False)
 
     def public(self) -> dict[str, Any]:
         return {
@@ -56,20 +65,50 @@ class Approvals:
     """Pending approvals of this gateway: at most ``MAX_PENDING`` in all and ``per_agent`` of
     one agent at once (``Shares``), so one agent's held calls never refuse another's."""
 
-    def __init__(self, timeout: float, *, per_agent: int = 10, capacity: int = MAX_PENDING) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        per_agent: int = 10,
+        capacity: int = MAX_PENDING,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.timeout = timeout
         self._pending: dict[str, Pending] = {}
         self.slots = Shares("calls held for approval", capacity, per_agent)
+        self.on_event = on_event
+
+    def _tell(self, pending: Pending, state: str, decision: Decision | None = None) -> None:
+        if self.on_event is None:
+            return
+        event = {
+            "type": "approval",
+            "state": state,
+            "id": pending.id,
+            "agent": pending.agent,
+            "run": pending.run,
+            "rule": pending.rule,
+            "method": pending.method,
+            "path": pending.target,
+        }
+        if decision is not None:
+            event["operator"] = decision.by
+            if decision.reason:
+                event["note"] = decision.reason
+        self.on_event(event)
 
     def pending(self) -> list[dict[str, Any]]:
         return [p.public() for p in self._pending.values()]
 
-    def decide(self, approval_id: str, approve: bool, by: str) -> bool:
-        """Record a decision; False when there is no such pending approval (any more)."""
+    def decide(self, approval_id: str, approve: bool, by: str, reason: str = "") -> bool:
+        """Record a decision by the operator ``by``; False when there is no such pending
+        approval (any more), so of two operators deciding at once exactly one wins."""
         pending = self._pending.get(approval_id)
         if pending is None or pending.decided.done():
             return False
-        pending.decided.set_result((approve, by))
+        decision = Decision(approve, by, reason[:MAX_REASON])
+        pending.decided.set_result(decision)
+        self._tell(pending, "approved" if approve else "denied", decision)
         return True
 
     async def hold(
@@ -81,9 +120,9 @@ class Approvals:
         method: str,
         target: str,
         body: bytes | None,
-    ) -> str:
-        """Wait for a decision; return the approval id when approved, raise otherwise
-        (``ConcurrencyLimited`` when the agent already has its share of calls held)."""
+    ) -> tuple[str, Decision]:
+        """Wait for a decision; return the approval id and the decision when approved, raise
+        otherwise (``ConcurrencyLimited`` when the agent already has its share held)."""
         if not self.slots.try_acquire(agent):
             raise self.slots.refusal(agent)
         try:
@@ -99,7 +138,7 @@ class Approvals:
         method: str,
         target: str,
         body: bytes | None,
-    ) -> str:
+    ) -> tuple[str, Decision]:
         approval_id = os.urandom(8).hex()
         now = time.time()
         preview = None
@@ -118,15 +157,18 @@ class Approvals:
             decided=asyncio.get_running_loop().create_future(),
         )
         self._pending[approval_id] = pending
+        self._tell(pending, "held")
         try:
-            approved, by = await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
+            decision = await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
         except TimeoutError:
+            self._tell(pending, "expired")
             raise ApprovalTimeout(
                 f"nobody approved this call within {int(self.timeout)} s (approval {approval_id})",
                 rule=rule,
             ) from None
         finally:
             self._pending.pop(approval_id, None)
-        if not approved:
-            raise ApprovalDenied(f"approval {approval_id} was declined by {by}", rule=rule)
-        return approval_id
+        if not decision.approved:
+            note = f": {decision.reason}" if decision.reason else ""
+            raise ApprovalDenied(f"approval {approval_id} was declined{note}", rule=rule)
+        return approval_id, decision

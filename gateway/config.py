@@ -31,7 +31,10 @@ shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
 admin_port             (none: off)          admin API listener (approvals), on ``host``
-admin_token_file       (none)               bearer token of the admin API (a 0600 file)
+admin_token_file       (none)               one admin token for the admin API (a 0600 file;
+                                            acts as the operator ``admin``)
+operators_file         (none)               named operators of the admin API, with roles
+                                            (``capgate operators add``)
 approval_timeout       5m                   how long a held call waits for a decision
 approvals_per_agent    10                   calls of one agent held for approval at once
 max_connections        1024                 agent connections open at once (kept below the fd limit)
@@ -77,6 +80,7 @@ class Settings:
     traces: str | None = None
     admin_port: int | None = None
     admin_token_file: Path | None = None
+    operators_file: Path | None = None
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
     max_connections: int = 1024
@@ -194,6 +198,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "traces": _text,
     "admin_port": _port,
     "admin_token_file": _optional_path,
+    "operators_file": _optional_path,
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
     "max_connections": lambda v: _count(v, 16, 1_000_000),
@@ -264,8 +269,13 @@ def load_settings(
     for key in ("policy", "jwks"):
         if key not in values:
             raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
-    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
-        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
+    if values.get("admin_port") is not None and not (
+        values.get("admin_token_file") or values.get("operators_file")
+    ):
+        raise ConfigError(
+            "admin_port needs operators: --operators FILE (capgate operators add) "
+            "or --admin-token-file"
+        )
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}

@@ -26,6 +26,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
+    def calls(self) -> list[Call]:
+        return list(self._calls)
+
     def cancel(self, kind: str, value: str) -> int:
         """Cancel every call whose token matches a new revocation; the number cancelled."""
         cancelled = 0

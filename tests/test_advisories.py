@@ -298,6 +298,7 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
         "sql",
         "mcp",
         "approval",
+        "operator",
         "state_error_allowed",
         "prev",
     }

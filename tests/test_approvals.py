@@ -59,7 +59,8 @@ async def held(
     mocks.clear()
     gw = build_gateway(s, workspace.environ())
     client = await serve_gateway(gw)
-    admin = await aiohttp_client(create_admin_app(gw.approvals, read_admin_token(token_file)))
+    assert gw.operators is not None
+    admin = await aiohttp_client(create_admin_app(gw, gw.operators))
     return gw, client, admin
 
 

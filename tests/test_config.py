@@ -246,6 +246,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "traces": "console",
         "admin_port": "8788",
         "admin_token_file": "admin.token",
+        "operators_file": "operators.yaml",
         "approval_timeout": "90s",
         "approvals_per_agent": "3",
         "max_connections": "100",
@@ -295,4 +296,4 @@ def test_recording_settings() -> None:
 def test_admin_port_needs_a_token_file() -> None:
     with pytest.raises(ConfigError) as err:
         load_settings({**REQUIRED, "admin_port": "8788"}, {})
-    assert "admin_token_file" in str(err.value)
+    assert "--operators" in str(err.value) and "--admin-token-file" in str(err.value)

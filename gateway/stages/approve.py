@@ -30,7 +30,7 @@ class Approve:
         ]
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
-        call.approval = await self.approvals.hold(
+        call.approval, decision = await self.approvals.hold(
             agent=call.claims.agent,
             run=call.claims.run,
             rule=", ".join(dict.fromkeys(held)),
@@ -38,3 +38,4 @@ class Approve:
             target=call.raw_target.partition("?")[0],
             body=call.body,
         )
+        call.approved_by = decision.by

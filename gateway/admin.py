@@ -17,7 +17,8 @@ is recorded with what they do (an approval's audit line says who approved it). F
 exact matches: ``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval);
 ``/calls`` also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are
 problem+json with a stable ``reason``: ``operator_unauthenticated`` (401),
-``operator_forbidden`` (403), ``approval_not_found`` (404), ``admin_request_invalid`` (400),
+``operator_forbidden`` (403), ``approval_not_found`` (404), ``approval_mismatch`` (409: the
+decision named another body digest than the held call's), ``admin_request_invalid`` (400),
 ``concurrency_limited`` (429, too many event streams).
 
 What the API shows is built from the closed audit record: no body, query value, header
@@ -210,31 +211,54 @@ async def _approvals(request: web.Request) -> web.Response:
 async def _decide(request: web.Request) -> web.Response:
     approval_id = request.match_info["id"]
     approve = request.match_info["verb"] == "approve"
-    note = await _note(request)
+    note, digest = await _decision_body(request)
     by = _operator(request).name
-    if not request.app[CONSOLE].approvals.decide(approval_id, approve, by=by, reason=note):
+    outcome = request.app[CONSOLE].approvals.decide(
+        approval_id, approve, by=by, reason=note, body_sha256=digest
+    )
+    if outcome == "not_found":
         return problem(404, "approval_not_found", f"no pending approval {approval_id!r}")
+    if outcome == "mismatch":
+        return problem(
+            409,
+            "approval_mismatch",
+            f"approval {approval_id!r} holds a call with another body than the one decided "
+            "on; nothing was decided",
+        )
     return web.json_response(
         {"id": approval_id, "decision": "approved" if approve else "denied", "by": by}
     )
 
 
-async def _note(request: web.Request) -> str:
-    """The optional ``{"reason": "..."}`` of a state-changing request."""
+async def _json_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
+    """The optional JSON object of a state-changing request, with only ``allowed`` keys."""
     if not request.can_read_body:
-        return ""
+        return {}
     if request.content_type != "application/json":
         raise _invalid("a request body must be application/json")
     try:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError):
         raise _invalid("the request body is not JSON") from None
-    if not isinstance(body, dict) or set(body) - {"reason"}:
-        raise _invalid('expected {"reason": "..."}')
+    if not isinstance(body, dict) or set(body) - allowed:
+        raise _invalid(f"expected a JSON object with only {sorted(allowed)}")
     reason = body.get("reason", "")
     if not isinstance(reason, str) or len(reason) > MAX_REASON:
         raise _invalid(f"reason must be a string of at most {MAX_REASON} characters")
-    return reason
+    return body
+
+
+_DECISION_KEYS = frozenset({"reason", "body_sha256"})
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+async def _decision_body(request: web.Request) -> tuple[str, str | None]:
+    """``{"reason": "...", "body_sha256": "<the digest the approver saw>"}``, both optional."""
+    body = await _json_body(request, _DECISION_KEYS)
+    digest = body.get("body_sha256")
+    if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise _invalid("body_sha256 must be 64 lower-case hex digits")
+    return str(body.get("reason", "")), digest
 
 
 async def _operators(request: web.Request) -> web.Response:

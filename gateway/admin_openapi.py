@@ -68,16 +68,43 @@ INFLIGHT: dict[str, Any] = {
 
 PENDING: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "agent", "run", "rule", "method", "target", "body", "expires_in_s"],
+    "description": "A held call, as it will be forwarded: the target and body with "
+    "secret-looking values masked, the body's SHA-256 (of the unmasked bytes), the policy "
+    "that judged it and why it waits.",
+    "required": [
+        "id",
+        "agent",
+        "run",
+        "rule",
+        "why",
+        "method",
+        "target",
+        "tools",
+        "body",
+        "body_size",
+        "body_truncated",
+        "body_sha256",
+        "policy",
+        "expires_at",
+        "expires_in_s",
+    ],
+    "additionalProperties": False,
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
         "agent": {"type": "string"},
         "run": _STR_OR_NULL,
         "rule": {"type": "string"},
+        "why": {"type": "string"},
         "method": {"type": "string"},
         "target": {"type": "string"},
+        "tools": {"type": "array", "items": {"type": "string"}},
         "body": _STR_OR_NULL,
+        "body_size": {"type": ["integer", "null"]},
+        "body_truncated": {"type": "boolean"},
+        "body_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+        "policy": {"type": "string"},
         "created": {"type": "number"},
+        "expires_at": {"type": "number"},
         "expires_in_s": {"type": "integer"},
     },
 }
@@ -238,6 +265,7 @@ def openapi_document() -> dict[str, Any]:
                         "200": _json(DECIDED, "decided"),
                         "400": _problem("admin_request_invalid"),
                         "404": _problem("approval_not_found"),
+                        "409": _problem("approval_mismatch"),
                     },
                     parameters=[
                         {
@@ -260,7 +288,13 @@ def openapi_document() -> dict[str, Any]:
                                 "schema": {
                                     "type": "object",
                                     "additionalProperties": False,
-                                    "properties": {"reason": {"type": "string", "maxLength": 500}},
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "body_sha256": {
+                                            "type": "string",
+                                            "pattern": "^[0-9a-f]{64}$",
+                                        },
+                                    },
                                 }
                             }
                         },

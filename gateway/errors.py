@@ -59,6 +59,7 @@ class Reason(StrEnum):
     MCP_SESSION_UNKNOWN = "mcp_session_unknown"
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
+    APPROVAL_STALE = "approval_stale"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
@@ -360,6 +361,15 @@ class ApprovalTimeout(GatewayError):
     title = "Approval timed out"
 
 
+class ApprovalStale(GatewayError):
+    """Raised when a held call was approved under a policy that is no longer in force: the
+    approval was for the call as that policy judged it, so it is not forwarded."""
+
+    status = 409
+    reason = Reason.APPROVAL_STALE
+    title = "Approval given under another policy"
+
+
 class UpstreamError(GatewayError):
     """Raised when the upstream cannot be reached or answers in a way we cannot pass on."""
 
@@ -445,6 +455,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
+    Reason.APPROVAL_STALE: ApprovalStale,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,

@@ -85,7 +85,7 @@ class Pipeline:
             MatchPolicy(),
             Validate(),
             Throttle(services.state),
-            Approve(services.approvals, services.inflight),
+            Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),
         )
         self.upstream_shares = services.upstream_shares

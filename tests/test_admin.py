@@ -464,3 +464,71 @@ def test_watch_against_nothing_is_one_line_and_exit_2(tmp_path: Path, operators:
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "cannot reach the admin API" in done.stderr
+
+
+async def test_operators_deciding_at_once_exactly_one_decision_counts(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    _, client, admin, _ = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    verbs = ["approve", "deny"] * 8
+    answers = await asyncio.gather(
+        *(
+            admin.post(f"/approvals/{pending['id']}/{verb}", headers=operators.auth(who))
+            for verb, who in zip(verbs, ["alice", "root"] * 8, strict=True)
+        )
+    )
+    statuses = [a.status for a in answers]
+    assert statuses.count(200) == 1 and statuses.count(404) == 15
+    won = verbs[statuses.index(200)]
+    answer = await call
+    assert answer.status == (200 if won == "approve" else 403)
+    assert len(mocks.requests("services")) == (1 if won == "approve" else 0)
+
+
+async def test_a_decision_on_another_body_decides_nothing(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    import hashlib
+
+    gw, client, admin, _ = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    sent = b'{"service": "web"}'
+    assert pending["body_sha256"] == hashlib.sha256(sent).hexdigest()
+    path = f"/approvals/{pending['id']}/approve"
+    other = hashlib.sha256(b'{"service": "db"}').hexdigest()
+    resp = await admin.post(path, headers=operators.auth("alice"), json={"body_sha256": other})
+    body = await resp.json(content_type="application/problem+json")
+    assert resp.status == 409 and body["reason"] == "approval_mismatch"
+    conforms(path, "POST", 409, body)
+    assert [p["id"] for p in gw.approvals.pending()] == [pending["id"]]
+    resp = await admin.post(
+        path, headers=operators.auth("alice"), json={"body_sha256": pending["body_sha256"]}
+    )
+    assert resp.status == 200
+    assert (await call).status == 200
+    [seen] = mocks.requests("services")
+    assert seen["body"] == sent.decode()  # byte for byte as shown and digested
+
+
+async def test_an_approval_under_a_policy_no_longer_in_force_is_refused(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    gw, client, admin, settings = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    text = settings.policy.read_text()
+    settings.policy.write_text(text + "\n# an edit: another policy digest\n")
+    for _ in range(200):
+        if gw.policy.digest != pending["policy"]:
+            break
+        await asyncio.sleep(0.02)
+    assert gw.policy.digest != pending["policy"]
+    resp = await admin.post(f"/approvals/{pending['id']}/approve", headers=operators.auth("alice"))
+    assert resp.status == 200
+    answer = await call
+    body = await answer.json(content_type="application/problem+json")
+    assert answer.status == 409 and body["reason"] == "approval_stale"
+    assert mocks.requests("services") == []

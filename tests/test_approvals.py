@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import dataclasses
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.app import build_gateway
-from gateway.approvals import Approvals
+from gateway.approvals import Approvals, HeldCall
 from gateway.config import Settings
 from gateway.errors import ApprovalDenied, ApprovalTimeout, ConfigError
 from mocks.demo import Workspace
@@ -146,20 +147,56 @@ def test_admin_token_file_must_be_private(tmp_path: Path) -> None:
     assert read_admin_token(path) == ADMIN_TOKEN.encode()
 
 
+def held_call(body: bytes | None = None, agent: str = "a") -> HeldCall:
+    return HeldCall(
+        agent=agent,
+        run=None,
+        rule="r",
+        why="rule r requires approval",
+        method="POST",
+        target="/x?api_key=sk-live-0123456789abcdefghij",
+        body=body,
+        tools=(),
+        policy="p1",
+    )
+
+
 async def test_hold_unit() -> None:
     approvals = Approvals(timeout=0.2)
     with pytest.raises(ApprovalTimeout):
-        await approvals.hold(agent="a", run=None, rule="r", method="GET", target="/x", body=None)
-    task = asyncio.ensure_future(
-        approvals.hold(agent="a", run=None, rule="r", method="GET", target="/x", body=None)
-    )
+        await approvals.hold(held_call())
+    task = asyncio.ensure_future(approvals.hold(held_call()))
     await asyncio.sleep(0.01)
     [pending] = approvals.pending()
-    assert approvals.decide(pending["id"], False, by="ops") is True
-    assert approvals.decide(pending["id"], True, by="ops") is False  # decided once
+    assert approvals.decide(pending["id"], False, by="ops") == "decided"
+    assert approvals.decide(pending["id"], True, by="ops") == "not_found"  # decided once
     with pytest.raises(ApprovalDenied):
         await task
     assert approvals.pending() == []
+
+
+async def test_the_approver_sees_the_exact_call_with_secrets_masked() -> None:
+    body = b'{"to": "ops@example.com", "password": "hunter2-hunter2", "n": 1}'
+    approvals = Approvals(timeout=5)
+    task = asyncio.ensure_future(approvals.hold(held_call(body)))
+    await asyncio.sleep(0.01)
+    [pending] = approvals.pending()
+    assert pending["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert pending["body_size"] == len(body) and pending["body_truncated"] is False
+    assert "ops@example.com" in pending["body"] and "hunter2" not in pending["body"]
+    assert "sk-live-0123456789abcdefghij" not in pending["target"]
+    assert pending["target"].startswith("/x?api_key=")
+    assert (pending["policy"], pending["why"]) == ("p1", "rule r requires approval")
+    # A decision made on another body's digest decides nothing.
+    other = hashlib.sha256(body + b" ").hexdigest()
+    assert approvals.decide(pending["id"], True, by="ops", body_sha256=other) == "mismatch"
+    assert not task.done()
+    assert (
+        approvals.decide(pending["id"], True, by="ops", body_sha256=pending["body_sha256"])
+        == "decided"
+    )
+    approval_id, decision = await task
+    assert approval_id == pending["id"] and decision.by == "ops"
 
 
 async def test_revocation_stops_a_held_call(held: Any, workspace: Workspace, mocks: Mocks) -> None:

@@ -125,7 +125,7 @@ async def test_one_agents_full_approval_share_does_not_refuse_another(
         if mine:
             break
         await asyncio.sleep(0.02)
-    assert approvals.decide(mine[0]["id"], True, by="operator")
+    assert approvals.decide(mine[0]["id"], True, by="operator") == "decided"
     assert await outcome(await b_call) == "200"
     for pending in approvals.pending():
         approvals.decide(pending["id"], False, by="operator")

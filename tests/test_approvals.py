@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 from typing import Any

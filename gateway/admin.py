@@ -205,7 +205,7 @@ async def _stream(request: web.Request, sub: Subscription) -> web.StreamResponse
 
 
 async def _approvals(request: web.Request) -> web.Response:
-    return web.json_response({"pending": request.app[CONSOLE].approvals.pending()})
+    return web.json_response({"pending": await request.app[CONSOLE].approvals.pending()})
 
 
 async def _decide(request: web.Request) -> web.Response:
@@ -213,7 +213,7 @@ async def _decide(request: web.Request) -> web.Response:
     approve = request.match_info["verb"] == "approve"
     note, digest = await _decision_body(request)
     by = _operator(request).name
-    outcome = request.app[CONSOLE].approvals.decide(
+    outcome = await request.app[CONSOLE].approvals.decide(
         approval_id, approve, by=by, reason=note, body_sha256=digest
     )
     if outcome == "not_found":

@@ -327,6 +327,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
             settings.approval_timeout,
             per_agent=settings.approvals_per_agent,
             on_event=events.publish,
+            board=state.approval_board(),
         ),
         observers=tuple(observers),
         events=events,

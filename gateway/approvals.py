@@ -15,6 +15,11 @@ not this call's, nothing is decided (``mismatch``). Each id releases one call, o
 operators deciding at the same moment exactly one decision counts. The ``approve`` stage
 refuses an approved call if the policy changed while it waited (``approval_stale``).
 
+With Redis state the pending approvals are published on a shared board
+(``gateway/state/approval_board.py``): a console attached to any gateway of the fleet lists
+them all and may decide any of them, exactly once; the holding gateway reads the decisions
+of its pending approvals a few times a second. With memory state the board is this process.
+
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.
 """
@@ -22,16 +27,21 @@ approval is refused at start (and on reload) instead of holding calls for nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.errors import ApprovalDenied, ApprovalTimeout
+from gateway.errors import ApprovalDenied, ApprovalTimeout, StateUnavailable
 from gateway.recording.redact import Redactor
 from gateway.shares import Shares
+from gateway.state.approval_board import POLL_S, ApprovalBoard, LocalApprovalBoard
+
+log = logging.getLogger("capgate")
 
 MAX_PENDING = 1000
 MAX_REASON = 500  # characters of an operator's note on a decision
@@ -46,6 +56,16 @@ class Decision:
     approved: bool
     by: str  # the operator's name
     reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"approved": self.approved, "by": self.by, "reason": self.reason}
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Decision:
+        return cls(bool(data.get("approved")), str(data.get("by", "")), str(data.get("reason", "")))
+
+
+EXPIRED = Decision(False, "", "expired")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +129,14 @@ class Approvals:
         per_agent: int = 10,
         capacity: int = MAX_PENDING,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        board: ApprovalBoard | None = None,
     ) -> None:
         self.timeout = timeout
         self._pending: dict[str, Pending] = {}
         self.slots = Shares("calls held for approval", capacity, per_agent)
         self.on_event = on_event
+        self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
+        self._poller: asyncio.Task[None] | None = None
 
     def _tell(self, pending: Pending, state: str, decision: Decision | None = None) -> None:
         if self.on_event is None:
@@ -135,10 +158,20 @@ class Approvals:
                 event["note"] = decision.reason
         self.on_event(event)
 
-    def pending(self) -> list[dict[str, Any]]:
-        return [p.public() for p in self._pending.values()]
+    def held_here(self) -> int:
+        return len(self._pending)
 
-    def decide(
+    async def pending(self) -> list[dict[str, Any]]:
+        """Every pending approval on the board (the whole fleet's, with Redis state)."""
+        if not self.board.shared:
+            return [p.public() for p in self._pending.values()]
+        now = time.time()
+        records = await self.board.listing()
+        for record in records:
+            record["expires_in_s"] = max(0, round(float(record.get("expires_at", now)) - now))
+        return records
+
+    async def decide(
         self,
         approval_id: str,
         approve: bool,
@@ -150,15 +183,35 @@ class Approvals:
         """Record a decision by the operator ``by``. ``not_found`` when there is no such
         pending approval (any more: of two operators deciding at once, exactly one wins);
         ``mismatch`` when ``body_sha256`` names another body than the held call's."""
+        decision = Decision(approve, by, reason[:MAX_REASON])
+        outcome = await self.board.claim(approval_id, decision.as_dict(), body_sha256)
+        if outcome == "decided":
+            self._settle(approval_id, decision)
+        return outcome
+
+    def _settle(self, approval_id: str, decision: Decision) -> None:
+        """A decision taken on the board reaches the held call, if it is held here."""
         pending = self._pending.get(approval_id)
         if pending is None or pending.decided.done():
-            return "not_found"
-        if body_sha256 is not None and body_sha256 != (pending.body_sha256 or ""):
-            return "mismatch"
-        decision = Decision(approve, by, reason[:MAX_REASON])
+            return
         pending.decided.set_result(decision)
-        self._tell(pending, "approved" if approve else "denied", decision)
-        return "decided"
+        self._tell(pending, "approved" if decision.approved else "denied", decision)
+
+    async def _poll(self) -> None:
+        """Read the board's decisions of the calls held here (other gateways' consoles)."""
+        try:
+            while self._pending:
+                await asyncio.sleep(POLL_S)
+                ids = [i for i, p in self._pending.items() if not p.decided.done()]
+                try:
+                    found = await self.board.decisions(ids)
+                except StateUnavailable as exc:
+                    log.warning("approvals: cannot read decisions: %s", exc.detail)
+                    continue
+                for approval_id, data in found.items():
+                    self._settle(approval_id, Decision.of(data))
+        finally:
+            self._poller = None
 
     async def hold(self, call: HeldCall) -> tuple[str, Decision]:
         """Wait for a decision; return the approval id and the decision when approved, raise
@@ -182,18 +235,40 @@ class Approvals:
             decided=asyncio.get_running_loop().create_future(),
         )
         self._pending[approval_id] = pending
-        self._tell(pending, "held")
         try:
-            decision = await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
-        except TimeoutError:
-            self._tell(pending, "expired")
+            await self.board.publish(approval_id, pending.public(), pending.deadline)
+            self._tell(pending, "held")
+            if self.board.shared and self._poller is None:
+                self._poller = asyncio.create_task(self._poll(), name="capgate-approvals")
+            decision = await self._wait(pending)
+        finally:
+            self._pending.pop(approval_id, None)
+            with contextlib.suppress(StateUnavailable):
+                await self.board.forget(approval_id)
+        if decision is EXPIRED:
             raise ApprovalTimeout(
                 f"nobody approved this call within {int(self.timeout)} s (approval {approval_id})",
                 rule=call.rule,
-            ) from None
-        finally:
-            self._pending.pop(approval_id, None)
+            )
         if not decision.approved:
             note = f": {decision.reason}" if decision.reason else ""
             raise ApprovalDenied(f"approval {approval_id} was declined{note}", rule=call.rule)
         return approval_id, decision
+
+    async def _wait(self, pending: Pending) -> Decision:
+        """The decision, or ``EXPIRED``: at the deadline the expiry claims the id like a
+        decision would, so a decision racing it either wins whole or loses whole."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
+        except TimeoutError:
+            pass
+        if await self.board.claim(pending.id, EXPIRED.as_dict(), None) == "decided":
+            self._tell(pending, "expired")
+            return EXPIRED
+        found = await self.board.decisions([pending.id])  # someone decided just in time
+        if pending.id in found:
+            self._settle(pending.id, Decision.of(found[pending.id]))
+        if pending.decided.done():
+            return pending.decided.result()
+        self._tell(pending, "expired")
+        return EXPIRED

@@ -125,7 +125,7 @@ async def test_wrong_missing_or_weak_credentials_change_nothing(
         body = await resp.json(content_type="application/problem+json")
         assert (resp.status, body["reason"]) == (status, reason)
         conforms(decide, "POST", status, body)
-    assert [p["id"] for p in gw.approvals.pending()] == [pending["id"]]  # still held
+    assert [p["id"] for p in await gw.approvals.pending()] == [pending["id"]]  # still held
     assert mocks.requests("services") == []
     await get(admin, "/operators", "alice", operators, status=403)  # approver is not admin
     names = await get(admin, "/operators", "root", operators)
@@ -135,7 +135,7 @@ async def test_wrong_missing_or_weak_credentials_change_nothing(
         "root": "admin",
     }
     assert "token" not in json.dumps(names)
-    gw.approvals.decide(pending["id"], False, by="cleanup")
+    await gw.approvals.decide(pending["id"], False, by="cleanup")
     await call
 
 
@@ -503,7 +503,7 @@ async def test_a_decision_on_another_body_decides_nothing(
     body = await resp.json(content_type="application/problem+json")
     assert resp.status == 409 and body["reason"] == "approval_mismatch"
     conforms(path, "POST", 409, body)
-    assert [p["id"] for p in gw.approvals.pending()] == [pending["id"]]
+    assert [p["id"] for p in await gw.approvals.pending()] == [pending["id"]]
     resp = await admin.post(
         path, headers=operators.auth("alice"), json={"body_sha256": pending["body_sha256"]}
     )

@@ -167,12 +167,12 @@ async def test_hold_unit() -> None:
         await approvals.hold(held_call())
     task = asyncio.ensure_future(approvals.hold(held_call()))
     await asyncio.sleep(0.01)
-    [pending] = approvals.pending()
-    assert approvals.decide(pending["id"], False, by="ops") == "decided"
-    assert approvals.decide(pending["id"], True, by="ops") == "not_found"  # decided once
+    [pending] = await approvals.pending()
+    assert await approvals.decide(pending["id"], False, by="ops") == "decided"
+    assert await approvals.decide(pending["id"], True, by="ops") == "not_found"  # decided once
     with pytest.raises(ApprovalDenied):
         await task
-    assert approvals.pending() == []
+    assert await approvals.pending() == []
 
 
 async def test_the_approver_sees_the_exact_call_with_secrets_masked() -> None:
@@ -180,7 +180,7 @@ async def test_the_approver_sees_the_exact_call_with_secrets_masked() -> None:
     approvals = Approvals(timeout=5)
     task = asyncio.ensure_future(approvals.hold(held_call(body)))
     await asyncio.sleep(0.01)
-    [pending] = approvals.pending()
+    [pending] = await approvals.pending()
     assert pending["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert pending["body_size"] == len(body) and pending["body_truncated"] is False
     assert "ops@example.com" in pending["body"] and "hunter2" not in pending["body"]
@@ -189,10 +189,10 @@ async def test_the_approver_sees_the_exact_call_with_secrets_masked() -> None:
     assert (pending["policy"], pending["why"]) == ("p1", "rule r requires approval")
     # A decision made on another body's digest decides nothing.
     other = hashlib.sha256(body + b" ").hexdigest()
-    assert approvals.decide(pending["id"], True, by="ops", body_sha256=other) == "mismatch"
+    assert await approvals.decide(pending["id"], True, by="ops", body_sha256=other) == "mismatch"
     assert not task.done()
     assert (
-        approvals.decide(pending["id"], True, by="ops", body_sha256=pending["body_sha256"])
+        await approvals.decide(pending["id"], True, by="ops", body_sha256=pending["body_sha256"])
         == "decided"
     )
     approval_id, decision = await task
@@ -207,5 +207,5 @@ async def test_revocation_stops_a_held_call(held: Any, workspace: Workspace, moc
     answer = await call
     body = await answer.json(content_type="application/problem+json")
     assert answer.status == 401 and body["reason"] == "token_revoked"
-    assert gw.approvals.pending() == []
+    assert await gw.approvals.pending() == []
     assert mocks.requests("services") == []

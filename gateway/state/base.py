@@ -15,8 +15,8 @@ those, not a key-value store:
 Every method that needs the backing service either answers within a short timeout or raises
 ``StateUnavailable``; the gateway fails closed on it.
 
-Approvals (held calls waiting for a person) will be added to this interface; see the marked
-section in ``StateStore``.
+* **Approvals** (the approve stage). ``approval_board`` is where held calls are listed and
+  decided exactly once: this process with memory state, the whole fleet with Redis.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
+    from gateway.state.approval_board import ApprovalBoard
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -120,6 +121,13 @@ class StateStore(Protocol):
         """Call ``callback(kind, value)`` whenever the mirror learns a revocation: revoked
         here, published by another gateway, or found in a resync after a disconnect. A
         repeat that changes nothing (e.g. our own message echoed back) is not announced."""
+        ...
+
+    # --- approvals ----------------------------------------------------------------------
+
+    def approval_board(self) -> ApprovalBoard:
+        """Where pending approvals are published and decided exactly once: this process
+        (memory) or the fleet (Redis); see ``gateway/state/approval_board.py``."""
         ...
 
     # --- rates --------------------------------------------------------------------------

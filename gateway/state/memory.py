@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import StateUnavailable
+from gateway.state.approval_board import ApprovalBoard, LocalApprovalBoard
 from gateway.state.base import (
     DEFAULT_PREFIX,
     Admission,
@@ -40,6 +41,7 @@ class MemoryStore:
     backend = "memory"
 
     def __init__(self, *, prefix: str = DEFAULT_PREFIX, sweep_interval_s: float = 10.0) -> None:
+        self._board = LocalApprovalBoard()
         # The prefix has no use in-process; it is accepted so every backend takes the same
         # options, and kept in keys so tests and dumps read like Redis.
         self.prefix = prefix
@@ -86,6 +88,9 @@ class MemoryStore:
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
         self._check_open()
         return self._revocations.match(jti, agent, run, now=time.time())
+
+    def approval_board(self) -> ApprovalBoard:
+        return self._board
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

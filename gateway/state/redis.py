@@ -61,6 +61,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StateUnavailable
+from gateway.state.approval_board import ApprovalBoard, RedisApprovalBoard
 from gateway.state.base import (
     DEFAULT_PREFIX,
     REVOCATION_KINDS,
@@ -279,6 +280,7 @@ class RedisStore:
         self._rate_script = self._client.register_script(RATE_LUA)
         self._quota_script = self._client.register_script(QUOTA_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
+        self._board = RedisApprovalBoard(self._client, prefix, self._call)
         self._channel = prefix + "revocations"
         self._revocations = Revocations()
         self._synced = False
@@ -386,6 +388,9 @@ class RedisStore:
                 f"({self._stale_reason}); refusing calls until it is"
             )
         return self._revocations.match(jti, agent, run, now=time.time())
+
+    def approval_board(self) -> ApprovalBoard:
+        return self._board
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

@@ -7,6 +7,7 @@
     GET  /calls/inflight             calls being held or forwarded now         viewer
     GET  /events                     server-sent events, live (filters)        viewer
     GET  /approvals                  calls held for approval                   viewer
+    GET  /taint?run=R | ?jti=J       whether a run (or token) read untrusted content   viewer
     POST /approvals/{id}/approve     let the held call go on                   approver
     POST /approvals/{id}/deny        end it with approval_denied               approver
     GET  /operators                  operator names and roles                  admin
@@ -59,6 +60,8 @@ class Console(Protocol):
     def inflight_calls(self) -> list[dict[str, Any]]: ...
 
     def health_report(self) -> Awaitable[tuple[int, dict[str, Any]]]: ...
+
+    def taint_report(self, key: str) -> Awaitable[dict[str, Any]]: ...
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console")
@@ -135,8 +138,8 @@ def _filters(request: web.Request) -> Filters:
     if decision not in (None, "", "allow", "deny"):
         raise _invalid(f"decision must be allow or deny, not {decision!r}")
     kind = request.query.get("type")
-    if kind not in (None, "", "call", "approval", "operator"):
-        raise _invalid(f"type must be call, approval or operator, not {kind!r}")
+    if kind not in (None, "", "call", "approval", "operator", "taint"):
+        raise _invalid(f"type must be call, approval, operator or taint, not {kind!r}")
     return Filters.of(request.query)
 
 
@@ -202,6 +205,14 @@ async def _stream(request: web.Request, sub: Subscription) -> web.StreamResponse
         await response.write(sse(event))
         if event["type"] == "lagged":
             return response
+
+
+async def _taint(request: web.Request) -> web.Response:
+    run, jti = request.query.get("run"), request.query.get("jti")
+    if (run is None) == (jti is None) or not (run or jti) or len(run or jti or "") > MAX_FILTER:
+        raise _invalid("give one of run or jti")
+    key = run if run is not None else f"jti:{jti}"
+    return web.json_response(await request.app[CONSOLE].taint_report(key))
 
 
 async def _approvals(request: web.Request) -> web.Response:
@@ -299,6 +310,7 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/calls/inflight", _inflight, "viewer"),
     ("GET", "/events", _events, "viewer"),
     ("GET", "/approvals", _approvals, "viewer"),
+    ("GET", "/taint", _taint, "viewer"),
     ("POST", "/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide, "approver"),
     ("GET", "/operators", _operators, "admin"),
 )

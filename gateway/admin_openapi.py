@@ -119,6 +119,19 @@ DECIDED: dict[str, Any] = {
     },
 }
 
+TAINT: dict[str, Any] = {
+    "type": "object",
+    "required": ["key", "tainted", "cause"],
+    "properties": {
+        "key": {"type": "string"},
+        "tainted": {"type": "boolean"},
+        "cause": {
+            "type": ["object", "null"],
+            "properties": {"source": {"type": "string"}, "time": {"type": "string"}},
+        },
+    },
+}
+
 HEALTH: dict[str, Any] = {
     "type": "object",
     "required": ["status", "version", "policy", "state"],
@@ -151,7 +164,7 @@ _FILTERS = [
     {"name": "agent", "in": "query", "schema": {"type": "string", "maxLength": 256}},
     {"name": "run", "in": "query", "schema": {"type": "string", "maxLength": 256}},
     {"name": "decision", "in": "query", "schema": {"enum": ["allow", "deny"]}},
-    {"name": "type", "in": "query", "schema": {"enum": ["call", "approval", "operator"]}},
+    {"name": "type", "in": "query", "schema": {"enum": ["call", "approval", "operator", "taint"]}},
 ]
 
 
@@ -255,6 +268,20 @@ def openapi_document() -> dict[str, Any]:
                             _list("pending", {"$ref": "#/components/schemas/Pending"}), "pending"
                         )
                     },
+                )
+            },
+            "/taint": {
+                "get": _op(
+                    "Whether a run (or a token without a run) read untrusted content, and what",
+                    "viewer",
+                    {
+                        "200": _json(TAINT, "the run's taint"),
+                        "400": _problem("admin_request_invalid"),
+                    },
+                    parameters=[
+                        {"name": "run", "in": "query", "schema": {"type": "string"}},
+                        {"name": "jti", "in": "query", "schema": {"type": "string"}},
+                    ],
                 )
             },
             "/approvals/{id}/{verb}": {

@@ -48,6 +48,7 @@ from gateway.shares import UpstreamShares
 from gateway.stages.audit import audit_record
 from gateway.state import open_store
 from gateway.state.base import StateStore
+from gateway.taint import Taints
 from gateway.telemetry import Telemetry
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
@@ -131,9 +132,11 @@ class Gateway:
     watch: WatchState = field(default_factory=WatchState)
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
+    taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
+        self.taints = Taints(self.state, self.events.publish)
         self.pipeline = Pipeline(
             Services(
                 policies=self.policies,
@@ -147,6 +150,7 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                taints=self.taints,
             )
         )
 
@@ -174,6 +178,11 @@ class Gateway:
                 }
             )
         return out
+
+    async def taint_report(self, key: str) -> dict[str, Any]:
+        """Whether a run (or a token, ``jti:<id>``) read untrusted content, and what."""
+        cause = await self.taints.of(key)
+        return {"key": key, "tainted": cause is not None, "cause": cause}
 
     async def health_report(self) -> tuple[int, dict[str, Any]]:
         """The health check's status and body (agents' port and admin API alike)."""
@@ -257,7 +266,12 @@ def _operator_book(settings: Settings) -> OperatorBook | None:
 
 def check_approvers(policy: Policy, settings: Settings) -> None:
     """A rule that holds calls for approval needs someone who can approve (fail closed)."""
-    held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
+    held = [
+        r.id
+        for role in policy.roles.values()
+        for r in role.rules
+        if r.approval or (r.sensitive and r.when_tainted == "approve")
+    ]
     if held and settings.admin_port is None:
         raise ConfigError(
             f"rules {held} require approval, but no admin listener is configured to approve "

@@ -97,6 +97,7 @@ class Call:
     state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
     approval: str | None = None  # approve: the approval that let the call go on
     approved_by: str | None = None  # approve: the operator who approved it
+    taint: str | None = None  # taint_gate: why this sensitive call of a tainted run is held
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     dispatched: bool = False  # dispatch: the call was handed to the transport

@@ -60,6 +60,7 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
     APPROVAL_STALE = "approval_stale"
+    RUN_TAINTED = "run_tainted"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
@@ -231,6 +232,14 @@ class ApprovalDenied(PolicyDenied):
 
     reason = Reason.APPROVAL_DENIED
     title = "Approval denied"
+
+
+class RunTainted(PolicyDenied):
+    """Raised for a sensitive call (``when_tainted: deny``) of a run that has read untrusted
+    content: the detail names what tainted it and when."""
+
+    reason = Reason.RUN_TAINTED
+    title = "Run tainted by untrusted content"
 
 
 # --- 400: malformed input -------------------------------------------------------------------
@@ -456,6 +465,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
     Reason.APPROVAL_STALE: ApprovalStale,
+    Reason.RUN_TAINTED: RunTainted,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,

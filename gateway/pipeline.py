@@ -1,8 +1,9 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
-            -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
+    receive -> route -> authenticate -> match_policy -> validate -> throttle -> taint_gate
+            -> approve -> inject
+            -> taint_mark -> dispatch (live upstream | recorder | replay) -> respond
+            -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
 that escapes is a bug: it is logged with its traceback, and the call is denied with
@@ -41,6 +42,7 @@ from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
+from gateway.taint import TaintGate, TaintMark, Taints
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
 
@@ -66,6 +68,7 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    taints: Taints
 
 
 def new_request_id() -> str:
@@ -85,10 +88,12 @@ class Pipeline:
             MatchPolicy(),
             Validate(),
             Throttle(services.state),
+            TaintGate(services.taints),
             Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),
         )
         self.upstream_shares = services.upstream_shares
+        self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
         self.audit = Audit(services.mac, services.observers)
@@ -160,6 +165,9 @@ class Pipeline:
             try:
                 # A revocation that arrived since the token was checked still stops it.
                 self.revocation(call)
+                marking = self.taint_mark(call)  # before untrusted content can come back
+                if marking is not None:
+                    await marking
                 await self.dispatch(call)
             except GatewayError as exc:
                 call.error = exc

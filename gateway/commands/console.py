@@ -108,7 +108,9 @@ def add_console_commands(sub: Any) -> None:
     wp.add_argument("--agent", help="only this agent's calls")
     wp.add_argument("--run", help="only this run's calls")
     wp.add_argument("--decision", choices=["allow", "deny"], help="only allowed or denied calls")
-    wp.add_argument("--type", choices=["call", "approval", "operator"], help="only this kind")
+    wp.add_argument(
+        "--type", choices=["call", "approval", "operator", "taint"], help="only this kind"
+    )
     wp.add_argument("--json", action="store_true", help="one JSON object per line")
 
     op = sub.add_parser("operators", help="who may use the admin API, with which role")

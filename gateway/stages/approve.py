@@ -25,6 +25,8 @@ class Approve:
         self.policies = policies
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
+        if call.taint is not None:
+            return self._hold(call)
         for op in call.operations:
             if op.governed and op.match is not None and op.match.rule.approval:
                 return self._hold(call)
@@ -35,9 +37,12 @@ class Approve:
         held = [
             op.match.rule.id
             for op in call.operations
-            if op.governed and op.match is not None and op.match.rule.approval
+            if op.governed
+            and op.match is not None
+            and (op.match.rule.approval or (call.taint and op.match.rule.sensitive))
         ]
         rules = ", ".join(dict.fromkeys(held))
+        why = call.taint or f"rule {rules} requires approval"
         judged_by = call.policy.digest
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
@@ -46,7 +51,7 @@ class Approve:
                 agent=call.claims.agent,
                 run=call.claims.run,
                 rule=rules,
-                why=f"rule {rules} requires approval",
+                why=why,
                 method=call.method,
                 target=call.raw_target,
                 body=call.body,

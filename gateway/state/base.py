@@ -15,6 +15,8 @@ those, not a key-value store:
 Every method that needs the backing service either answers within a short timeout or raises
 ``StateUnavailable``; the gateway fails closed on it.
 
+* **Taint** (``gateway/taint.py``). ``taint`` marks a run that read untrusted content, once,
+  for good; ``taint_of`` reads the mark.
 * **Approvals** (the approve stage). ``approval_board`` is where held calls are listed and
   decided exactly once: this process with memory state, the whole fleet with Redis.
 """
@@ -128,6 +130,17 @@ class StateStore(Protocol):
     def approval_board(self) -> ApprovalBoard:
         """Where pending approvals are published and decided exactly once: this process
         (memory) or the fleet (Redis); see ``gateway/state/approval_board.py``."""
+        ...
+
+    # --- taint --------------------------------------------------------------------------
+
+    async def taint(self, key: str, cause: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
+        """Mark ``key`` (a run, or a token with no run) as having read untrusted content.
+        The first cause is kept and returned; a mark is never cleared before ``ttl_s``."""
+        ...
+
+    async def taint_of(self, key: str) -> dict[str, Any] | None:
+        """The cause ``key`` was tainted with, or None."""
         ...
 
     # --- rates --------------------------------------------------------------------------

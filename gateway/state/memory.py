@@ -42,6 +42,7 @@ class MemoryStore:
 
     def __init__(self, *, prefix: str = DEFAULT_PREFIX, sweep_interval_s: float = 10.0) -> None:
         self._board = LocalApprovalBoard()
+        self._taints: dict[str, tuple[dict[str, Any], int]] = {}  # key -> (cause, expires ns)
         # The prefix has no use in-process; it is accepted so every backend takes the same
         # options, and kept in keys so tests and dumps read like Redis.
         self.prefix = prefix
@@ -112,6 +113,23 @@ class MemoryStore:
 
     # --- quotas -------------------------------------------------------------------------
 
+    async def taint(self, key: str, cause: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
+        self._check_open()
+        now = time.monotonic_ns()
+        self._maybe_sweep(now)
+        held = self._taints.get(key)
+        if held is not None and held[1] > now:
+            return held[0]
+        self._taints[key] = (dict(cause), now + max(1, int(ttl_s * _NS)))
+        return cause
+
+    async def taint_of(self, key: str) -> dict[str, Any] | None:
+        self._check_open()
+        held = self._taints.get(key)
+        if held is None or held[1] <= time.monotonic_ns():
+            return None
+        return held[0]
+
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1
     ) -> Admission:
@@ -151,4 +169,5 @@ class MemoryStore:
         self._next_sweep = now + self._sweep_ns
         self._rates = {k: tat for k, tat in self._rates.items() if tat > now}
         self._quotas = {k: v for k, v in self._quotas.items() if v[1] > now}
+        self._taints = {k: v for k, v in self._taints.items() if v[1] > now}
         self._revocations.prune(time.time())

@@ -8,6 +8,7 @@ Layout (``P`` is the prefix, ``capgate:`` by default)::
                                                          {"kind", "value", "until"} per revoke
     P rate:<key>                                         GCRA theoretical arrival time (us)
     P quota:<key>                                        quota counter
+    P taint:<run> | P taint:jti:<id>                     the first untrusted read (JSON), SET NX
 
 Revocations. ``revoke`` runs one script that records the entry (``ZADD GT``: the later
 ``until`` wins), drops expired entries and, if the set changed, publishes the message, so
@@ -406,6 +407,25 @@ class RedisStore:
         return Admission(bool(allowed), retry_us / _US, remaining)
 
     # --- quotas -------------------------------------------------------------------------
+
+    async def taint(self, key: str, cause: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
+        name = f"{self.prefix}taint:{key}"
+        ttl_ms = max(1, int(ttl_s * 1000))
+        text = json.dumps(cause)
+
+        async def mark() -> Any:
+            # The first cause wins; a later mark only reads it back.
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.set(name, text, nx=True, px=ttl_ms)
+                pipe.get(name)
+                return (await pipe.execute())[1]
+
+        kept = await self._call("taint", mark)
+        return json.loads(kept) if kept else cause
+
+    async def taint_of(self, key: str) -> dict[str, Any] | None:
+        kept = await self._call("taint_of", lambda: self._client.get(f"{self.prefix}taint:{key}"))
+        return json.loads(kept) if kept else None
 
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1

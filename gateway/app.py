@@ -151,6 +151,7 @@ class Gateway:
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
                 taints=self.taints,
+                notify=self.events.publish,
             )
         )
 

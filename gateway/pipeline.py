@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -69,6 +70,7 @@ class Services:
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
     taints: Taints
+    notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
 
 
 def new_request_id() -> str:
@@ -87,7 +89,7 @@ class Pipeline:
             Authenticate(services.verifier, self.revocation),
             MatchPolicy(),
             Validate(),
-            Throttle(services.state),
+            Throttle(services.state, on_evict=services.notify),
             TaintGate(services.taints),
             Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),

@@ -200,6 +200,7 @@ class _Exposure(NamedTuple):
     untrusted: bool
     sensitive: bool
     when_tainted: str
+    evict_after: int | None
 
 
 def _rule_exposure(m: dict[str, Node]) -> _Exposure:
@@ -213,7 +214,14 @@ def _rule_exposure(m: dict[str, Node]) -> _Exposure:
                 f"{m['when_tainted'].where}: when_tainted applies to sensitive rules only "
                 "(add 'sensitive: true')"
             )
-    return _Exposure(_untrusted(m), sensitive, when)
+    evict = None
+    if "evict_after" in m:
+        evict = m["evict_after"].as_int(minimum=1, maximum=1_000_000)
+        if "rate" not in m and "quota" not in m:
+            m["evict_after"].fail(
+                f"{m['evict_after'].where}: evict_after needs the rule's own rate or quota"
+            )
+    return _Exposure(_untrusted(m), sensitive, when, evict)
 
 
 def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
@@ -390,6 +398,7 @@ def _rule(
         untrusted=exposure.untrusted,
         sensitive=exposure.sensitive,
         when_tainted=exposure.when_tainted,
+        evict_after=exposure.evict_after,
         line=node.line,
     )
 

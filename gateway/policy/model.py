@@ -230,6 +230,7 @@ class Rule:
     untrusted: bool = False  # trust: untrusted: this call returns third parties' content
     sensitive: bool = False  # sensitive: true: a side effect or a way out of the sandbox
     when_tainted: str = "approve"  # a sensitive call of a tainted run: approve | deny
+    evict_after: int | None = None  # stop the run at this many rate/quota refusals of it
     line: int = 0  # where the rule starts in the policy file
 
     def describe(self) -> str:

@@ -281,6 +281,13 @@ RULE = Section(
             {"type": "boolean"},
         ),
         Key(
+            "evict_after",
+            "throttle, then evict: when this rule's rate or quota has refused a run this many "
+            "times (1: the first time it is exhausted), the run is stopped (revoked), as by an "
+            "operator's stop",
+            {"type": "integer", "minimum": 1, "maximum": 1000000},
+        ),
+        Key(
             "when_tainted",
             "a sensitive call of a tainted run: approve (held for a person, default) or deny",
             {"enum": ["approve", "deny"]},

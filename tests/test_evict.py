@@ -27,6 +27,10 @@ def evicting(policy_file: Path, extra: str) -> Path:
     return path
 
 
+def auth(workspace: Workspace, run: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'], run=run)}"}
+
+
 @pytest.fixture(params=["memory", "redis"])
 def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "memory":
@@ -59,12 +63,7 @@ async def test_the_run_is_stopped_at_the_nth_refusal(
     with gw.events.subscribe(
         filters=__import__("gateway.events").events.Filters(type="operator"), who="t"
     ) as sub:
-        run_a = {
-            "Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'], run='run-a')}"
-        }
-        run_b = {
-            "Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'], run='run-b')}"
-        }
+        run_a, run_b = (auth(workspace, run) for run in ("run-a", "run-b"))
         target = "/metrics/metrics/cpu?window=1m"
         statuses = []
         for _ in range(4):

@@ -54,6 +54,7 @@ from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
+from gateway.webhook import ApprovalWebhook
 
 log = logging.getLogger("capgate")
 
@@ -132,6 +133,7 @@ class Gateway:
     watch: WatchState = field(default_factory=WatchState)
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
+    webhook: ApprovalWebhook | None = None
     taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
 
@@ -203,6 +205,8 @@ class Gateway:
             },
             "upstreams_in_flight": self.upstream_shares.snapshot(),
         }
+        if self.webhook is not None:
+            body["approval_webhook"] = self.webhook.health()
         return (200 if ok else 503), body
 
     def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
@@ -328,6 +332,9 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(DenialRecorder(denials))
     events = EventHub()
     observers.append(events)  # the live stream and the console's table of recent calls
+    webhook = ApprovalWebhook(settings.approval_webhook) if settings.approval_webhook else None
+    if webhook is not None:
+        events.listeners.append(webhook)
     return Gateway(
         settings=settings,
         policies=PolicyHolder(policy, stamp),
@@ -346,6 +353,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         ),
         observers=tuple(observers),
         events=events,
+        webhook=webhook,
         operators=_operator_book(settings),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
@@ -376,12 +384,16 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
 
     gw.state.on_revoke(on_revoke)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    if gw.webhook is not None:
+        gw.webhook.start()
     try:
         yield gw
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        if gw.webhook is not None:
+            await gw.webhook.close()
         await gw.transport.close()
         await gw.state.close()
         gw.audit.close()

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--approvals-per-agent", dest="approvals_per_agent", help="held calls per agent (10)"
     )
     s.add_argument(
+        "--approval-webhook", dest="approval_webhook", help="URL told when a call is held"
+    )
+    s.add_argument(
         "--max-connections", dest="max_connections", help="agent connections at once (1024)"
     )
     s.add_argument("--head-timeout", dest="head_timeout", help="request head deadline (10s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,85 @@ async def test_revocation_stops_a_held_call(held: Any, workspace: Workspace, moc
     assert answer.status == 401 and body["reason"] == "token_revoked"
     assert await gw.approvals.pending() == []
     assert mocks.requests("services") == []
+
+
+async def test_the_approval_webhook_is_told_when_a_call_starts_waiting(
+    aiohttp_client: Any,
+    aiohttp_server: Any,
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    token_file: Path,
+    mocks: Mocks,
+) -> None:
+    from aiohttp import web
+
+    received: list[dict[str, Any]] = []
+    arrived = asyncio.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        arrived.set()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    receiver = await aiohttp_server(app)
+    s = dataclasses.replace(
+        settings,
+        policy=held_policy(policy_file),
+        admin_port=0,
+        admin_token_file=token_file,
+        approval_timeout=5.0,
+        approval_webhook=str(receiver.make_url("/hook")),
+    )
+    mocks.clear()
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    call = asyncio.ensure_future(restart(client, workspace))
+    await asyncio.wait_for(arrived.wait(), 5)
+    [told] = received
+    assert told["capgate"] == "approval_waiting" and told["state"] == "held"
+    assert (told["agent"], told["path"], told["rule"]) == (
+        "sre-bot",
+        "/services/services/restart",
+        "restart-service",
+    )
+    assert '"web"' not in json.dumps(told) and "body" not in told  # never the body
+    await gw.approvals.decide(told["id"], True, by="pager")
+    assert (await call).status == 200
+    assert gw.webhook is not None and gw.webhook.health()["sent"] == 1
+
+
+async def test_a_dead_webhook_never_slows_a_held_call(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    token_file: Path,
+    mocks: Mocks,
+) -> None:
+    s = dataclasses.replace(
+        settings,
+        policy=held_policy(policy_file),
+        admin_port=0,
+        admin_token_file=token_file,
+        approval_timeout=5.0,
+        approval_webhook="http://127.0.0.1:9/hook",
+    )
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    call = asyncio.ensure_future(restart(client, workspace))
+    for _ in range(200):
+        pending = await gw.approvals.pending()
+        if pending:
+            break
+        await asyncio.sleep(0.01)
+    await gw.approvals.decide(pending[0]["id"], True, by="ops")
+    assert (await call).status == 200
+    for _ in range(200):
+        if gw.webhook is not None and gw.webhook.health()["failed"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert gw.webhook is not None and gw.webhook.health()["failed"] == 1

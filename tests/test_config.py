@@ -249,6 +249,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "operators_file": "operators.yaml",
         "approval_timeout": "90s",
         "approvals_per_agent": "3",
+        "approval_webhook": "http://127.0.0.1:9/hook",
         "max_connections": "100",
         "head_timeout": "5s",
         "idle_timeout": "30s",

@@ -34,6 +34,7 @@ admin_port             (none: off)          admin API listener (approvals), on `
 admin_token_file       (none)               bearer token of the admin API (a 0600 file)
 approval_timeout       5m                   how long a held call waits for a decision
 approvals_per_agent    10                   calls of one agent held for approval at once
+pause_hold             5m                   how long a paused agent's call is held (then 503)
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
@@ -79,6 +80,7 @@ class Settings:
     admin_token_file: Path | None = None
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
+    pause_hold: float = 300.0
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
@@ -196,6 +198,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "admin_token_file": _optional_path,
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
+    "pause_hold": _positive_duration,
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,

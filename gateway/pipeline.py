@@ -1,7 +1,7 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
+    receive -> route -> authenticate -> pause -> match_policy -> validate -> throttle
+            -> approve -> inject
             -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -35,6 +35,7 @@ from gateway.stages.authenticate import Authenticate, RevocationCheck
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
 from gateway.stages.respond import Respond, refusal
 from gateway.stages.route import PolicySource, Route
@@ -66,6 +67,7 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    pause_hold: float = 300.0  # how long a call of a paused agent or run is held
 
 
 def new_request_id() -> str:
@@ -78,10 +80,13 @@ class Pipeline:
     def __init__(self, services: Services) -> None:
         self.inflight = services.inflight
         self.revocation = RevocationCheck(services.state)
+        # Its ``changed`` is the store's on_pause listener (wired by app.running).
+        self.pause = Pause(services.state, services.inflight, hold=services.pause_hold)
         self.checks: tuple[Stage, ...] = (
             Receive(),
             Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
+            self.pause,
             MatchPolicy(),
             Validate(),
             Throttle(services.state),

@@ -248,6 +248,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "admin_token_file": "admin.token",
         "approval_timeout": "90s",
         "approvals_per_agent": "3",
+        "pause_hold": "45s",
         "max_connections": "100",
         "head_timeout": "5s",
         "idle_timeout": "30s",
@@ -265,6 +266,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
+    assert s.pause_hold == 45.0
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
 

@@ -33,7 +33,7 @@ from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
 from gateway.call import CallObserver
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StateUnavailable
 from gateway.inflight import InFlight
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
 from gateway.pipeline import Pipeline, Services
@@ -186,23 +186,34 @@ class Gateway:
         held by a pause or for approval included, are cut (``token_revoked``), and every
         gateway sharing the store refuses its tokens. Returns the calls cut at this gateway.
         ``StateUnavailable`` when the shared write failed: this gateway enforces the stop
-        anyway (and writes it back once the store is reachable)."""
+        anyway, and writes it back at its next resync with Redis; stop again to be sure."""
         if kind not in ("agent", "run"):
             raise ValueError(f"stop takes kind 'agent' or 'run', not {kind!r}")
         key = (kind, value)
         self._cuts.setdefault(key, 0)
         try:
             await self.state.revoke(kind, value, by=by, reason=reason)
-        finally:
-            cut = self._cuts.pop(key, 0)
-            log.info(
-                "%s %r stopped by %s: %s; %d call(s) cut",
+        except StateUnavailable as exc:
+            log.error(
+                "%s %r stopped by %s at this gateway only (%d call(s) cut): %s; the next "
+                "resync writes it back, or stop it again",
                 kind,
                 value,
                 by,
-                reason or "(no reason given)",
-                cut,
+                self._cuts.pop(key, 0),
+                exc.detail,
             )
+            raise
+        finally:
+            cut = self._cuts.pop(key, 0)
+        log.info(
+            "%s %r stopped by %s: %s; %d call(s) cut",
+            kind,
+            value,
+            by,
+            reason or "(no reason given)",
+            cut,
+        )
         return cut
 
     def apply_revocation(self, kind: str, value: str) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from gateway.app import Gateway, build_gateway
 from gateway.config import Settings
+from gateway.errors import StateUnavailable
 from mocks.demo import Workspace
 from tests.conftest import Mocks
 from tests.redis_server import RedisServer
@@ -243,3 +244,35 @@ async def test_two_gateways_on_one_redis_share_pauses(
         assert [r["by"] for r in second.state.revocations()] == ["ops-bob"]
     finally:
         server.close()
+
+
+async def test_stop_takes_agent_or_run_only(gateway: Gateway, client: Any) -> None:
+    with pytest.raises(ValueError, match="agent' or 'run"):
+        await gateway.stop("jti", "j1", by="ops", reason="")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="by"):
+        await gateway.stop("agent", "tester", by="", reason="")
+    assert gateway.state.revocations() == []
+
+
+async def test_a_stop_the_store_did_not_take_still_cuts_here(
+    gateway: Gateway,
+    client: Any,
+    token: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="capgate")
+    revoke = gateway.state.revoke
+
+    async def failing(*args: Any, **kw: Any) -> None:
+        await revoke(*args, **kw)  # the local mirror takes it first, as Redis's does
+        raise StateUnavailable("redis did not answer revoke")
+
+    monkeypatch.setattr(gateway.state, "revoke", failing)
+    await gateway.pause("agent", "tester", until=None, by="ops", reason="")
+    call = asyncio.ensure_future(client.get(ECHO, headers=bearer(token())))
+    await held(gateway)
+    with pytest.raises(StateUnavailable):
+        await gateway.stop("agent", "tester", by="ops-bob", reason="now")
+    await problem(await asyncio.wait_for(call, 2.0), 401, "token_revoked")
+    assert any("at this gateway only (1 call(s) cut)" in r.getMessage() for r in caplog.records)

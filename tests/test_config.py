@@ -70,6 +70,11 @@ def test_unrelated_environment_is_ignored() -> None:
     assert s.port == 8787
 
 
+def test_pause_hold_defaults_to_five_minutes() -> None:
+    assert load_settings(REQUIRED, {}).pause_hold == 300.0
+    assert load_settings({**REQUIRED, "pause_hold": "90s"}, {}).pause_hold == 90.0
+
+
 @pytest.mark.parametrize(
     "env,value,expected",
     [
@@ -90,6 +95,8 @@ def test_unrelated_environment_is_ignored() -> None:
         ("CAPGATE_LEEWAY", "soon", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_LIFETIME", "0s", "positive"),
         ("CAPGATE_RELOAD_INTERVAL", "0", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "0s", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "forever", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_SIZE", "big", "expected a size"),
         ("CAPGATE_ISSUERS", " , ", "at least one"),
         ("CAPGATE_HOST", "", "non-empty"),

@@ -365,6 +365,7 @@ async def _health(gw: Gateway) -> web.Response:
             "refused": dict(gw.guard.totals),
         },
         "upstreams_in_flight": gw.upstream_shares.snapshot(),
+        "held_by_pause": gw.pipeline.pause.held.snapshot(),
     }
     return web.json_response(body, status=200 if ok else 503)
 

@@ -94,6 +94,8 @@ async def test_a_paused_agents_call_waits_and_goes_on_when_resumed(
     await asyncio.sleep(0.1)
     assert not call.done()
     assert mocks.requests("echo") == []  # nothing sent while paused
+    health = await (await client.get("/_capgate/health")).json()
+    assert health["held_by_pause"]["in_use"] == 1
     assert await gw.resume("agent", "tester", by="ops-alice") is True
     resp = await asyncio.wait_for(call, 2.0)
     assert resp.status == 200

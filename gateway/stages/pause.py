@@ -91,7 +91,7 @@ class Pause:
         if not self.held.try_acquire(claims.agent):
             raise refusal(
                 entry,
-                f"and agent {claims.agent!r} already has {self.held.per_agent} calls held; "
+                f"agent {claims.agent!r} already has {self.held.per_agent} calls held, so "
                 "this one was not sent",
             )
         # While it waits, a stop (revocation of its token, agent or run) must cut it.

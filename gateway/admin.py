@@ -10,6 +10,12 @@
     GET  /taint?run=R | ?jti=J       whether a run (or token) read untrusted content   viewer
     POST /approvals/{id}/approve     let the held call go on                   approver
     POST /approvals/{id}/deny        end it with approval_denied               approver
+    GET  /pauses                     agents and runs paused now                viewer
+    GET  /stops                      agents and runs stopped (revoked), by whom  viewer
+    POST /agents/{agent}/pause       hold an agent's new calls (resume, or ``until``)  admin
+    POST /agents/{agent}/resume      let them go on                            admin
+    POST /agents/{agent}/stop        revoke the agent, cut its calls in flight admin
+    POST /runs/{run}/pause|resume|stop  the same for one run               admin
     GET  /operators                  operator names and roles                  admin
 
 Every request but ``/openapi.json`` carries ``Authorization: Bearer <operator token>``; the
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,10 +47,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.approvals import Approvals
-from gateway.errors import ConcurrencyLimited, ConfigError
+from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
 from gateway.events import EventHub, Filters, Subscription, sse
 from gateway.operators import Operator, OperatorBook
 from gateway.secret_files import check_secret_file
+from gateway.state.base import PauseKind, StateStore
 
 HEARTBEAT_S = 15.0
 MAX_LIMIT = 1000
@@ -62,6 +70,17 @@ class Console(Protocol):
     def health_report(self) -> Awaitable[tuple[int, dict[str, Any]]]: ...
 
     def taint_report(self, key: str) -> Awaitable[dict[str, Any]]: ...
+
+    def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> Awaitable[None]: ...
+
+    def resume(self, kind: PauseKind, value: str, *, by: str) -> Awaitable[bool]: ...
+
+    def stop(self, kind: PauseKind, value: str, *, by: str, reason: str) -> Awaitable[int]: ...
+
+    @property
+    def state(self) -> StateStore: ...
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console")
@@ -272,6 +291,61 @@ async def _decision_body(request: web.Request) -> tuple[str, str | None]:
     return str(body.get("reason", "")), digest
 
 
+_ACT_KEYS = frozenset({"reason", "for_s"})
+MAX_HOLD_S = 7 * 24 * 3600
+
+
+async def _act(request: web.Request) -> web.Response:
+    """Pause, resume or stop an agent or a run, as the operator the credentials name."""
+    kind: PauseKind = "agent" if request.path.startswith("/agents/") else "run"
+    value = request.match_info["name"]
+    verb = request.match_info["verb"]
+    body = await _json_body(request, _ACT_KEYS)
+    reason = str(body.get("reason", ""))
+    by = _operator(request).name
+    console = request.app[CONSOLE]
+    answer: dict[str, Any] = {"kind": kind, "value": value, "action": verb, "by": by}
+    try:
+        if verb == "pause":
+            until = _until(body.get("for_s"))
+            await console.pause(kind, value, until=until, by=by, reason=reason)
+            answer["until"] = until
+        elif verb == "resume":
+            answer["was_paused"] = await console.resume(kind, value, by=by)
+        else:
+            answer["calls_cut"] = await console.stop(kind, value, by=by, reason=reason)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+    console.events.publish({"type": "operator", **answer, "reason": reason})
+    return web.json_response(answer)
+
+
+def _until(for_s: object) -> float | None:
+    if for_s is None:
+        return None
+    if isinstance(for_s, bool) or not isinstance(for_s, int | float) or not 0 < for_s <= MAX_HOLD_S:
+        raise _invalid(f"for_s must be a number of seconds from 1 to {MAX_HOLD_S}")
+    return time.time() + float(for_s)
+
+
+async def _pauses(request: web.Request) -> web.Response:
+    try:
+        return web.json_response({"pauses": request.app[CONSOLE].state.pauses()})
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+
+
+async def _stops(request: web.Request) -> web.Response:
+    try:
+        found = request.app[CONSOLE].state.revocations()
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+    stops = [r for r in found if r.get("kind") in ("agent", "run")]
+    return web.json_response({"stops": stops})
+
+
 async def _operators(request: web.Request) -> web.Response:
     return web.json_response({"operators": request.app[OPERATORS].names()})
 
@@ -312,6 +386,10 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/approvals", _approvals, "viewer"),
     ("GET", "/taint", _taint, "viewer"),
     ("POST", "/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide, "approver"),
+    ("GET", "/pauses", _pauses, "viewer"),
+    ("GET", "/stops", _stops, "viewer"),
+    ("POST", "/agents/{name}/{verb:pause|resume|stop}", _act, "admin"),
+    ("POST", "/runs/{name}/{verb:pause|resume|stop}", _act, "admin"),
     ("GET", "/operators", _operators, "admin"),
 )
 

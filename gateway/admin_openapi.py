@@ -132,6 +132,20 @@ TAINT: dict[str, Any] = {
     },
 }
 
+ACTED: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "value", "action", "by"],
+    "properties": {
+        "kind": {"enum": ["agent", "run"]},
+        "value": {"type": "string"},
+        "action": {"enum": ["pause", "resume", "stop"]},
+        "by": {"type": "string"},
+        "until": {"type": ["number", "null"]},
+        "was_paused": {"type": "boolean"},
+        "calls_cut": {"type": "integer"},
+    },
+}
+
 HEALTH: dict[str, Any] = {
     "type": "object",
     "required": ["status", "version", "policy", "state"],
@@ -325,6 +339,106 @@ def openapi_document() -> dict[str, Any]:
                                 }
                             }
                         },
+                    },
+                )
+            },
+            "/agents/{name}/{verb}": {
+                "post": _op(
+                    "Pause, resume or stop an agent (pause: hold its new calls; stop: revoke it)",
+                    "admin",
+                    {
+                        "200": _json(ACTED, "done"),
+                        "400": _problem("admin_request_invalid"),
+                        "503": _problem("state_unavailable: the store could not record it"),
+                    },
+                    parameters=[
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "verb",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"enum": ["pause", "resume", "stop"]},
+                        },
+                    ],
+                    requestBody={
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "for_s": {"type": "number", "minimum": 1},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/runs/{name}/{verb}": {
+                "post": _op(
+                    "Pause, resume or stop a run",
+                    "admin",
+                    {
+                        "200": _json(ACTED, "done"),
+                        "400": _problem("admin_request_invalid"),
+                        "503": _problem("state_unavailable: the store could not record it"),
+                    },
+                    parameters=[
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "verb",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"enum": ["pause", "resume", "stop"]},
+                        },
+                    ],
+                    requestBody={
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "for_s": {"type": "number", "minimum": 1},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/pauses": {
+                "get": _op(
+                    "Agents and runs paused now",
+                    "viewer",
+                    {
+                        "200": _json(_list("pauses", {"type": "object"}), "pauses"),
+                        "503": _problem("state_unavailable"),
+                    },
+                )
+            },
+            "/stops": {
+                "get": _op(
+                    "Agents and runs stopped, with who and why",
+                    "viewer",
+                    {
+                        "200": _json(_list("stops", {"type": "object"}), "stops"),
+                        "503": _problem("state_unavailable"),
                     },
                 )
             },

@@ -39,6 +39,7 @@ approval_timeout       5m                   how long a held call waits for a dec
 approvals_per_agent    10                   calls of one agent held for approval at once
 approval_webhook       (none)               http(s) URL told (JSON POST) when a call starts
                                             waiting for approval (chat, pager)
+pause_hold             5m                   how long a paused agent's call is held (then 503)
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
@@ -87,6 +88,7 @@ class Settings:
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
     approval_webhook: str | None = None
+    pause_hold: float = 300.0
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
@@ -216,6 +218,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
     "approval_webhook": _webhook_url,
+    "pause_hold": _positive_duration,
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,

@@ -20,6 +20,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
+    ├── AgentPaused (503)           agent_paused (Retry-After)
     ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
@@ -71,6 +72,7 @@ class Reason(StrEnum):
     REPLAY_MISS = "replay_miss"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
+    AGENT_PAUSED = "agent_paused"
     INTERNAL_ERROR = "internal_error"
     CLIENT_CLOSED = "client_closed"
 
@@ -416,6 +418,15 @@ class StateUnavailable(GatewayError):
     title = "State store unavailable"
 
 
+class AgentPaused(GatewayError):
+    """Raised when an operator paused the call's agent or run and the call was held past the
+    pause hold, or the agent already has its share of calls held; carries ``Retry-After``."""
+
+    status = 503
+    reason = Reason.AGENT_PAUSED
+    title = "Agent paused"
+
+
 class ClientClosed(GatewayError):
     """Raised when the agent closes its connection before its call is answered (nothing
     more is sent; the status is nginx's 499, never seen by the agent)."""
@@ -476,6 +487,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.REPLAY_MISS: ReplayMiss,
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
+    Reason.AGENT_PAUSED: AgentPaused,
     Reason.INTERNAL_ERROR: InternalError,
     Reason.CLIENT_CLOSED: ClientClosed,
 }

@@ -1,7 +1,7 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> taint_gate
-            -> approve -> inject
+    receive -> route -> authenticate -> pause -> match_policy -> validate -> throttle
+            -> taint_gate -> approve -> inject
             -> taint_mark -> dispatch (live upstream | recorder | replay) -> respond
             -> audit (observers)
 
@@ -37,6 +37,7 @@ from gateway.stages.authenticate import Authenticate, RevocationCheck
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
 from gateway.stages.respond import Respond, refusal
 from gateway.stages.route import PolicySource, Route
@@ -71,6 +72,7 @@ class Services:
     upstream_shares: UpstreamShares
     taints: Taints
     notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
+    pause_hold: float = 300.0  # how long a call of a paused agent or run is held
 
 
 def new_request_id() -> str:
@@ -83,10 +85,13 @@ class Pipeline:
     def __init__(self, services: Services) -> None:
         self.inflight = services.inflight
         self.revocation = RevocationCheck(services.state)
+        # Its ``changed`` is the store's on_pause listener (wired by app.running).
+        self.pause = Pause(services.state, services.inflight, hold=services.pause_hold)
         self.checks: tuple[Stage, ...] = (
             Receive(),
             Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
+            self.pause,
             MatchPolicy(),
             Validate(),
             Throttle(services.state, on_evict=services.notify),

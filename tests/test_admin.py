@@ -278,12 +278,16 @@ def contextlib_exit_stack() -> Any:
 # --- the OpenAPI document ---------------------------------------------------------------------
 
 
+def _template(path: str) -> str:
+    """An aiohttp route path with its parameters' patterns left out: ``{id}``."""
+    import re
+
+    return re.sub(r"\{(\w+):[^}]*\}+", r"{\1}", path)
+
+
 def test_every_route_is_in_the_openapi_document_and_nothing_else() -> None:
     documented = {(method.upper(), path) for path, ops in DOC["paths"].items() for method in ops}
-    served = {
-        (method, path.replace("{id:[0-9a-f]{16}}", "{id}").replace("{verb:approve|deny}", "{verb}"))
-        for method, path, _, _ in ROUTES
-    }
+    served = {(method, _template(path)) for method, path, _, _ in ROUTES}
     assert documented == served
     roles = {
         (method.upper(), path): op.get("x-capgate-role")
@@ -291,11 +295,7 @@ def test_every_route_is_in_the_openapi_document_and_nothing_else() -> None:
         for method, op in ops.items()
     }
     for method, path, _, role in ROUTES:
-        key = (
-            method,
-            path.replace("{id:[0-9a-f]{16}}", "{id}").replace("{verb:approve|deny}", "{verb}"),
-        )
-        assert roles[key] == role
+        assert roles[(method, _template(path))] == role
 
 
 async def test_openapi_document_is_served_without_credentials(console: Any) -> None:
@@ -532,3 +532,90 @@ async def test_an_approval_under_a_policy_no_longer_in_force_is_refused(
     body = await answer.json(content_type="application/problem+json")
     assert answer.status == 409 and body["reason"] == "approval_stale"
     assert mocks.requests("services") == []
+
+
+# --- pause, resume, stop ------------------------------------------------------------------
+
+
+async def test_pause_resume_and_stop_through_the_api(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    gw, client, admin, settings = console
+    tester = {"Authorization": f"Bearer {workspace.token('tester', ['tester'], run='r1')}"}
+    other = {"Authorization": f"Bearer {workspace.token('tester', ['tester'], run='r2')}"}
+    for who in ("vera", "alice"):  # viewers and approvers may not
+        resp = await admin.post("/agents/tester/pause", headers=operators.auth(who))
+        assert resp.status == 403
+    assert (await get(admin, "/pauses", "vera", operators))["pauses"] == []
+    resp = await admin.post(
+        "/runs/r1/pause", headers=operators.auth("root"), json={"reason": "looks odd"}
+    )
+    body = await resp.json()
+    assert resp.status == 200 and body["by"] == "root" and body["until"] is None
+    conforms("/runs/r1/pause", "POST", 200, body)
+    [paused] = (await get(admin, "/pauses", "vera", operators))["pauses"]
+    assert (paused["kind"], paused["value"], paused["by"], paused["reason"]) == (
+        "run",
+        "r1",
+        "root",
+        "looks odd",
+    )
+    held = asyncio.ensure_future(client.get("/echo/echo/held", headers=tester))
+    assert (await client.get("/echo/echo/free", headers=other)).status == 200  # r2 goes on
+    await asyncio.sleep(0.3)
+    assert not held.done()
+    resp = await admin.post("/runs/r1/resume", headers=operators.auth("root"))
+    assert (await resp.json())["was_paused"] is True
+    assert (await asyncio.wait_for(held, 5)).status == 200
+    resp = await admin.post(
+        "/agents/tester/stop", headers=operators.auth("root"), json={"reason": "enough"}
+    )
+    body = await resp.json()
+    assert resp.status == 200 and body["action"] == "stop"
+    conforms("/agents/tester/stop", "POST", 200, body)
+    answer = await client.get("/echo/echo/after", headers=other)
+    assert answer.status == 401
+    assert (await answer.json(content_type=None))["reason"] == "token_revoked"
+    stops = (await get(admin, "/stops", "vera", operators))["stops"]
+    assert [(s["kind"], s["value"], s["by"], s["reason"]) for s in stops] == [
+        ("agent", "tester", "root", "enough")
+    ]
+    for bad in ({"for_s": 0}, {"for_s": "soon"}, {"reason": 1}, {"until": 5}):
+        resp = await admin.post("/agents/x/pause", headers=operators.auth("root"), json=bad)
+        assert resp.status == 400, bad
+
+
+def test_capgate_stop_names_who_and_must_name_someone(tmp_path: Path, operators: Operators) -> None:
+    import os
+
+    token_file = tmp_path / "root.token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(operators.tokens["root"])
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                *args,
+                "--admin",
+                "http://127.0.0.1:9",
+                "--token-file",
+                str(token_file),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=30,
+        )
+
+    missing = cli("stop", "--reason", "x")
+    assert missing.returncode == 2 and "--agent" in missing.stderr
+    both = cli("pause", "--agent", "a", "--run", "r")
+    assert both.returncode == 2
+    bad_for = cli("pause", "--agent", "a", "--for", "soon")
+    assert bad_for.returncode == 2 and bad_for.stderr.count("\n") == 1 and "--for" in bad_for.stderr
+    down = cli("resume", "--agent", "a")
+    assert down.returncode == 2 and "cannot reach the admin API" in down.stderr

@@ -47,6 +47,7 @@ STATUS = {
     Reason.UPSTREAM_UNAVAILABLE: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.STATE_UNAVAILABLE: 503,
+    Reason.AGENT_PAUSED: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.CLIENT_CLOSED: 499,
 }
@@ -62,7 +63,7 @@ FAMILY = {
     409: E.ApprovalStale,
     502: E.UpstreamError,
     504: E.UpstreamError,
-    503: (E.StateUnavailable, E.GatewayStopping),
+    503: (E.StateUnavailable, E.GatewayStopping, E.AgentPaused),
     500: E.InternalError,
     499: E.ClientClosed,
 }
@@ -115,6 +116,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "replay_miss",
         "payload_too_large",
         "state_unavailable",
+        "agent_paused",
         "internal_error",
         "client_closed",
     }

@@ -102,7 +102,13 @@ class Throttle:
         if counted.allowed:
             return  # not yet the Nth refusal
         why = f"rule {rule.id} refused it {rule.evict_after} time(s) ({exc.reason.value})"
-        await self.state.revoke(kind, value, until=claims.expires_at if kind == "jti" else None)
+        await self.state.revoke(
+            kind,
+            value,
+            until=claims.expires_at if kind == "jti" else None,
+            by="policy",
+            reason=why,
+        )
         exc.detail += f"; the {kind} {value} was stopped: {why}"
         if self.on_evict is not None:
             self.on_evict(

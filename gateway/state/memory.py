@@ -2,7 +2,7 @@
 
 Everything lives in dicts owned by one event loop (no awaits inside an update, so every
 operation is atomic). Rate limiters and quota counters carry their own expiry and are swept
-periodically; revocations expire at their ``until``. Limiters use the monotonic clock, so
+periodically; revocations and pauses expire at their ``until``. Limiters use the monotonic clock, so
 wall-clock jumps neither grant nor withhold calls. State is lost when the process ends.
 """
 
@@ -17,11 +17,19 @@ from gateway.state.approval_board import ApprovalBoard, LocalApprovalBoard
 from gateway.state.base import (
     DEFAULT_PREFIX,
     Admission,
+    PauseEntry,
+    PauseKind,
+    PauseListener,
+    Pauses,
+    RevocationInfo,
     RevocationKind,
     RevocationListener,
     Revocations,
     check_cost,
+    check_operator,
+    check_pause,
     check_quota_args,
+    check_resume,
     check_revocation,
     gcra,
 )
@@ -48,6 +56,7 @@ class MemoryStore:
         self.prefix = prefix
         self._sweep_ns = max(1, int(sweep_interval_s * _NS))
         self._revocations = Revocations()
+        self._pauses = Pauses()
         self._rates: dict[str, int] = {}  # key -> theoretical arrival time (monotonic ns)
         self._quotas: dict[str, tuple[int, int]] = {}  # key -> (used, expires at, monotonic ns)
         self._next_sweep = time.monotonic_ns() + self._sweep_ns
@@ -70,7 +79,8 @@ class MemoryStore:
             "reachable": self._running,
             "detail": (
                 ("in-process store" if self._running else "in-process store (not running)")
-                + f": {len(self._revocations)} revocations, {len(self._rates)} rate limiters, "
+                + f": {len(self._revocations)} revocations, {len(self._pauses)} pauses, "
+                f"{len(self._rates)} rate limiters, "
                 f"{len(self._quotas)} quota counters"
             ),
         }
@@ -81,10 +91,24 @@ class MemoryStore:
 
     # --- revocations --------------------------------------------------------------------
 
-    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+    async def revoke(
+        self,
+        kind: RevocationKind,
+        value: str,
+        *,
+        until: float | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         check_revocation(kind, value, until)
+        check_operator(by, reason)
         self._check_open()
-        self._revocations.apply(kind, value, until, now=time.time())
+        now = time.time()
+        self._revocations.apply(kind, value, until, now=now, info=RevocationInfo(now, by, reason))
+
+    def revocations(self) -> list[dict[str, Any]]:
+        self._check_open()
+        return self._revocations.listing(now=time.time())
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
         self._check_open()
@@ -95,6 +119,34 @@ class MemoryStore:
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)
+
+    # --- pauses -------------------------------------------------------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        now = time.time()
+        check_pause(kind, value, until, by, reason, now=now)
+        self._check_open()
+        until = None if until is None else float(until)
+        self._pauses.set(PauseEntry(kind, value, now, until, by, reason), now=now)
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        check_resume(kind, value, by)
+        self._check_open()
+        entry = self._pauses.clear(kind, value)
+        return entry is not None and entry.live(time.time())
+
+    def paused(self, agent: str, run: str | None) -> PauseEntry | None:
+        self._check_open()
+        return self._pauses.match(agent, run, now=time.time())
+
+    def pauses(self) -> list[dict[str, Any]]:
+        self._check_open()
+        return [entry.public() for entry in self._pauses.entries(now=time.time())]
+
+    def on_pause(self, callback: PauseListener) -> None:
+        self._pauses.add_listener(callback)
 
     # --- rates --------------------------------------------------------------------------
 
@@ -170,4 +222,6 @@ class MemoryStore:
         self._rates = {k: tat for k, tat in self._rates.items() if tat > now}
         self._quotas = {k: v for k, v in self._quotas.items() if v[1] > now}
         self._taints = {k: v for k, v in self._taints.items() if v[1] > now}
-        self._revocations.prune(time.time())
+        wall = time.time()
+        self._revocations.prune(wall)
+        self._pauses.prune(wall)

@@ -139,6 +139,7 @@ class Gateway:
     pipeline: Pipeline = field(init=False)
     # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
     _cuts: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    _stopped_by: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.taints = Taints(self.state, self.events.publish)
@@ -252,6 +253,7 @@ class Gateway:
             raise ValueError(f"stop takes kind 'agent' or 'run', not {kind!r}")
         key = (kind, value)
         self._cuts.setdefault(key, 0)
+        self._stopped_by[key] = by
         try:
             await self.state.revoke(kind, value, by=by, reason=reason)
         except StateUnavailable as exc:
@@ -267,6 +269,7 @@ class Gateway:
             raise
         finally:
             cut = self._cuts.pop(key, 0)
+            self._stopped_by.pop(key, None)
         log.info(
             "%s %r stopped by %s: %s; %d call(s) cut",
             kind,
@@ -281,7 +284,7 @@ class Gateway:
         """The store's ``on_revoke`` listener: drop cached verdicts of the revoked token,
         agent or run, and cut its calls in flight (held ones included)."""
         self.verifier.forget(lambda c: getattr(c, kind, None) == value)
-        cancelled = self.inflight.cancel(kind, value)
+        cancelled = self.inflight.cancel(kind, value, by=self._stopped_by.get((kind, value)))
         if (kind, value) in self._cuts:
             self._cuts[(kind, value)] += cancelled
         log.info(

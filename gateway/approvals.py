@@ -252,7 +252,9 @@ class Approvals:
             )
         if not decision.approved:
             note = f": {decision.reason}" if decision.reason else ""
-            raise ApprovalDenied(f"approval {approval_id} was declined{note}", rule=call.rule)
+            refused = ApprovalDenied(f"approval {approval_id} was declined{note}", rule=call.rule)
+            refused.operator = decision.by
+            raise refused
         return approval_id, decision
 
     async def _wait(self, pending: Pending) -> Decision:

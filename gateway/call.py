@@ -96,7 +96,9 @@ class Call:
     content_type: str | None = None  # validate / protocol: Content-Type of the checked body
     state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
     approval: str | None = None  # approve: the approval that let the call go on
-    approved_by: str | None = None  # approve: the operator who approved it
+    operator: str | None = (
+        None  # the operator whose action decided it (approved, declined, stopped)
+    )
     taint: str | None = None  # taint_gate: why this sensitive call of a tainted run is held
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject

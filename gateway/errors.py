@@ -234,6 +234,7 @@ class ApprovalDenied(PolicyDenied):
 
     reason = Reason.APPROVAL_DENIED
     title = "Approval denied"
+    operator: str | None = None  # who declined it (for the audit line, never the agent)
 
 
 class RunTainted(PolicyDenied):

@@ -619,3 +619,27 @@ def test_capgate_stop_names_who_and_must_name_someone(tmp_path: Path, operators:
     assert bad_for.returncode == 2 and bad_for.stderr.count("\n") == 1 and "--for" in bad_for.stderr
     down = cli("resume", "--agent", "a")
     assert down.returncode == 2 and "cannot reach the admin API" in down.stderr
+
+
+async def test_the_operator_is_named_in_the_lines_of_calls_they_decline_or_cut(
+    console: Any, operators: Operators, workspace: Workspace
+) -> None:
+    gw, client, admin, settings = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    await admin.post(f"/approvals/{pending['id']}/deny", headers=operators.auth("alice"))
+    assert (await call).status == 403
+    tester = {"Authorization": f"Bearer {workspace.token('tester', ['tester'])}"}
+    slow = asyncio.ensure_future(client.get("/echo/echo/slow?delay=3", headers=tester))
+    for _ in range(100):
+        if gw.inflight_calls():
+            break
+        await asyncio.sleep(0.02)
+    resp = await admin.post("/agents/tester/stop", headers=operators.auth("root"))
+    assert (await resp.json())["calls_cut"] == 1
+    assert (await slow).status == 401
+    lines = {x["path"]: x for x in audit_lines(settings, gw)}
+    declined = lines["/services/services/restart"]
+    cut = lines["/echo/echo/slow"]
+    assert (declined["reason"], declined["operator"]) == ("approval_denied", "alice")
+    assert (cut["reason"], cut["operator"]) == ("token_revoked", "root")

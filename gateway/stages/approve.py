@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-from gateway.approvals import Approvals, HeldCall
+from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
-from gateway.errors import ApprovalStale
+from gateway.errors import ApprovalDenied, ApprovalStale
 from gateway.inflight import InFlight
 from gateway.stages.route import PolicySource
 
@@ -46,7 +46,25 @@ class Approve:
         judged_by = call.policy.digest
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
-        call.approval, decision = await self.approvals.hold(
+        try:
+            call.approval, decision = await self._held(call, rules, why, judged_by)
+        except ApprovalDenied as exc:
+            call.operator = exc.operator
+            raise
+        call.operator = decision.by
+        if self.policies.policy.digest != judged_by:
+            raise ApprovalStale(
+                f"approval {call.approval} was given under policy {judged_by}, but policy "
+                f"{self.policies.policy.digest} is in force now; the call was not forwarded: "
+                "send it again to have it checked and held under the policy in force",
+                rule=call.match.rule.id if call.match is not None else None,
+            )
+
+    def _held(
+        self, call: Call, rules: str, why: str, judged_by: str
+    ) -> Awaitable[tuple[str, Decision]]:
+        assert call.claims is not None
+        return self.approvals.hold(
             HeldCall(
                 agent=call.claims.agent,
                 run=call.claims.run,
@@ -59,11 +77,3 @@ class Approve:
                 policy=judged_by,
             )
         )
-        call.approved_by = decision.by
-        if self.policies.policy.digest != judged_by:
-            raise ApprovalStale(
-                f"approval {call.approval} was given under policy {judged_by}, but policy "
-                f"{self.policies.policy.digest} is in force now; the call was not forwarded: "
-                "send it again to have it checked and held under the policy in force",
-                rule=call.match.rule.id if call.match is not None else None,
-            )

@@ -704,7 +704,9 @@ async def _listen(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        gw.inflight.stopping = True  # calls still running now are cut, and audited so
+        # Calls still running now are cut: answered 503 where their answer has not started,
+        # audited as gateway_stopping either way.
+        gw.inflight.cut_all()
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()

@@ -111,7 +111,7 @@ class Call:
     streaming: bool = False  # respond: the response's head was sent to the agent
     body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut
-    revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    revoked: GatewayError | None = None  # why the gateway cancelled the call in flight
 
     @property
     def rule_id(self) -> str | None:

@@ -363,6 +363,7 @@ class GatewayStopping(GatewayError):
     status = 503
     reason = Reason.GATEWAY_STOPPING
     title = "Gateway stopping"
+    close_connection = True
 
 
 class ApprovalTimeout(GatewayError):

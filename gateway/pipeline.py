@@ -133,8 +133,9 @@ class Pipeline:
             self.inflight.add(call, task)
             return await self.forward(call)
         except asyncio.CancelledError:
-            # A revocation cancels the calls in flight of the revoked token, agent or run;
-            # the upstream connection was closed as the cancellation unwound the transport.
+            # A revocation cancels the calls in flight of the revoked token, agent or run, and
+            # the end of the shutdown grace cuts every call in flight (``call.revoked`` says
+            # why); the upstream connection was closed as the cancellation unwound.
             if call.revoked is None or task is None:
                 # The agent hung up (the server cancels the handler) or the gateway's
                 # shutdown grace is over: the upstream was let go as the cancellation unwound.

@@ -17,10 +17,11 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -33,9 +34,11 @@ from gateway.call import CallObserver
 from gateway.check_workers import CheckWorkers
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StateUnavailable
+from gateway.events import EventHub
 from gateway.inflight import InFlight
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
+from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -44,13 +47,16 @@ from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.shares import UpstreamShares
+from gateway.stages.audit import audit_record
 from gateway.state import open_store
-from gateway.state.base import StateStore
+from gateway.state.base import PauseKind, StateStore
+from gateway.taint import Taints
 from gateway.telemetry import Telemetry
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
+from gateway.webhook import ApprovalWebhook
 
 log = logging.getLogger("capgate")
 
@@ -128,9 +134,17 @@ class Gateway:
     check_workers: CheckWorkers = field(default_factory=CheckWorkers)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
+    events: EventHub = field(default_factory=EventHub)
+    operators: OperatorBook | None = None
+    webhook: ApprovalWebhook | None = None
+    taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
+    # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
+    _cuts: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    _stopped_by: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.taints = Taints(self.state, self.events.publish)
         self.pipeline = Pipeline(
             Services(
                 policies=self.policies,
@@ -144,6 +158,9 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                taints=self.taints,
+                notify=self.events.publish,
+                pause_hold=self.settings.pause_hold,
                 check_workers=self.check_workers,
             )
         )
@@ -151,6 +168,132 @@ class Gateway:
     @property
     def policy(self) -> Policy:
         return self.policies.policy
+
+    def inflight_calls(self) -> list[dict[str, Any]]:
+        """Calls held for approval or being forwarded now, as the console shows them: the
+        fields of their audit record so far (no body, query value or argument)."""
+        out = []
+        for call in self.inflight.calls():
+            record = audit_record(call, self.mac)
+            out.append(
+                {
+                    "request_id": record["request_id"],
+                    "agent": record["agent"],
+                    "run": record["run"],
+                    "upstream": record["upstream"],
+                    "method": record["method"],
+                    "path": record["path"],
+                    "rule": record["rule"],
+                    "seconds": round(record["duration_ms"] / 1000, 3),
+                    "state": "forwarded" if call.dispatched else "held for approval",
+                }
+            )
+        return out
+
+    async def taint_report(self, key: str) -> dict[str, Any]:
+        """Whether a run (or a token, ``jti:<id>``) read untrusted content, and what."""
+        cause = await self.taints.of(key)
+        return {"key": key, "tainted": cause is not None, "cause": cause}
+
+    async def health_report(self) -> tuple[int, dict[str, Any]]:
+        """The health check's status and body (agents' port and admin API alike)."""
+        state = await self.state.health()
+        background = self.watch.health()
+        ok = bool(state.get("reachable", False)) and background["ok"]
+        body = {
+            "status": "ok" if ok else "degraded",
+            "version": __version__,
+            "policy": {"source": self.policy.source, "digest": self.policy.digest},
+            "state": state,
+            "background": background,
+            "connections": {
+                "open": self.guard.open,
+                "max": self.guard.max_connections,
+                "refused": dict(self.guard.totals),
+            },
+            "upstreams_in_flight": self.upstream_shares.snapshot(),
+            "held_by_pause": self.pipeline.pause.held.snapshot(),
+            "check_workers": self.check_workers.snapshot(),
+        }
+        if self.webhook is not None:
+            body["approval_webhook"] = self.webhook.health()
+        return (200 if ok else 503), body
+
+    # --- operators: pause, resume, stop (called by the admin API) -----------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        """Hold the new calls of an agent or a run at every gateway sharing the state store,
+        until ``resume`` or ``until`` (unix time; None: until resumed). Calls already past
+        the pause stage go on. ``ValueError`` on bad arguments, ``StateUnavailable`` when the
+        store could not record it (then nothing is paused)."""
+        await self.state.pause(kind, value, until=until, by=by, reason=reason)
+        log.info(
+            "%s %r paused by %s%s: %s",
+            kind,
+            value,
+            by,
+            "" if until is None else f" for {max(0.0, until - time.time()):.0f} s",
+            reason or "(no reason given)",
+        )
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        """Lift a pause everywhere; its held calls go on. False when it was not paused."""
+        lifted = await self.state.resume(kind, value, by=by)
+        if lifted:
+            log.info("%s %r resumed by %s", kind, value, by)
+        else:
+            log.info("%s %r was not paused (resume asked by %s)", kind, value, by)
+        return lifted
+
+    async def stop(self, kind: Literal["agent", "run"], value: str, *, by: str, reason: str) -> int:
+        """Revoke an agent or a run (forever), recording who and why: its calls in flight here,
+        held by a pause or for approval included, are cut (``token_revoked``), and every
+        gateway sharing the store refuses its tokens. Returns the calls cut at this gateway.
+        ``StateUnavailable`` when the shared write failed: this gateway enforces the stop
+        anyway, and writes it back at its next resync with Redis; stop again to be sure."""
+        if kind not in ("agent", "run"):
+            raise ValueError(f"stop takes kind 'agent' or 'run', not {kind!r}")
+        key = (kind, value)
+        self._cuts.setdefault(key, 0)
+        self._stopped_by[key] = by
+        try:
+            await self.state.revoke(kind, value, by=by, reason=reason)
+        except StateUnavailable as exc:
+            log.error(
+                "%s %r stopped by %s at this gateway only (%d call(s) cut): %s; the next "
+                "resync writes it back, or stop it again",
+                kind,
+                value,
+                by,
+                self._cuts.pop(key, 0),
+                exc.detail,
+            )
+            raise
+        finally:
+            cut = self._cuts.pop(key, 0)
+            self._stopped_by.pop(key, None)
+        log.info(
+            "%s %r stopped by %s: %s; %d call(s) cut",
+            kind,
+            value,
+            by,
+            reason or "(no reason given)",
+            cut,
+        )
+        return cut
+
+    def apply_revocation(self, kind: str, value: str) -> None:
+        """The store's ``on_revoke`` listener: drop cached verdicts of the revoked token,
+        agent or run, and cut its calls in flight (held ones included)."""
+        self.verifier.forget(lambda c: getattr(c, kind, None) == value)
+        cancelled = self.inflight.cancel(kind, value, by=self._stopped_by.get((kind, value)))
+        if (kind, value) in self._cuts:
+            self._cuts[(kind, value)] += cancelled
+        log.info(
+            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
+        )
 
     def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
         """The same gateway sending through ``transport`` (tests, the example recording)."""
@@ -198,13 +341,32 @@ class Gateway:
         return True
 
 
+def _operator_book(settings: Settings) -> OperatorBook | None:
+    """Who may use the admin API: the operators file, and the legacy admin token."""
+    if settings.admin_port is None:
+        return None
+    legacy = read_admin_token(settings.admin_token_file) if settings.admin_token_file else None
+    book = OperatorBook(settings.operators_file, admin_token=legacy)
+    if not len(book):
+        raise ConfigError(
+            f"the admin listener has no operators: {settings.operators_file} lists none "
+            "(capgate operators add NAME --role admin --file FILE)"
+        )
+    return book
+
+
 def check_approvers(policy: Policy, settings: Settings) -> None:
     """A rule that holds calls for approval needs someone who can approve (fail closed)."""
-    held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
+    held = [
+        r.id
+        for role in policy.roles.values()
+        for r in role.rules
+        if r.approval or (r.sensitive and r.when_tainted == "approve")
+    ]
     if held and settings.admin_port is None:
         raise ConfigError(
             f"rules {held} require approval, but no admin listener is configured to approve "
-            "them (--admin-port and --admin-token-file)"
+            "them (--admin-port and --operators)"
         )
 
 
@@ -254,6 +416,11 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(telemetry)
     if denials is not None:
         observers.append(DenialRecorder(denials))
+    events = EventHub()
+    observers.append(events)  # the live stream and the console's table of recent calls
+    webhook = ApprovalWebhook(settings.approval_webhook) if settings.approval_webhook else None
+    if webhook is not None:
+        events.listeners.append(webhook)
     return Gateway(
         settings=settings,
         policies=PolicyHolder(policy, stamp),
@@ -264,8 +431,16 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         audit=audit,
         mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
         telemetry=telemetry,
-        approvals=Approvals(settings.approval_timeout, per_agent=settings.approvals_per_agent),
+        approvals=Approvals(
+            settings.approval_timeout,
+            per_agent=settings.approvals_per_agent,
+            on_event=events.publish,
+            board=state.approval_board(),
+        ),
         observers=tuple(observers),
+        events=events,
+        webhook=webhook,
+        operators=_operator_book(settings),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -275,24 +450,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
 
 
 async def _health(gw: Gateway) -> web.Response:
-    state = await gw.state.health()
-    background = gw.watch.health()
-    ok = bool(state.get("reachable", False)) and background["ok"]
-    body = {
-        "status": "ok" if ok else "degraded",
-        "version": __version__,
-        "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
-        "state": state,
-        "background": background,
-        "connections": {
-            "open": gw.guard.open,
-            "max": gw.guard.max_connections,
-            "refused": dict(gw.guard.totals),
-        },
-        "upstreams_in_flight": gw.upstream_shares.snapshot(),
-        "check_workers": gw.check_workers.snapshot(),
-    }
-    return web.json_response(body, status=200 if ok else 503)
+    status, body = await gw.health_report()
+    return web.json_response(body, status=status)
 
 
 @contextlib.asynccontextmanager
@@ -301,27 +460,36 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
     await gw.state.start()
-
-    def on_revoke(kind: str, value: str) -> None:
-        gw.verifier.forget(lambda c: getattr(c, kind, None) == value)
-        cancelled = gw.inflight.cancel(kind, value)
-        log.info(
-            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
-        )
-
-    gw.state.on_revoke(on_revoke)
+    gw.state.on_revoke(gw.apply_revocation)
+    gw.state.on_pause(gw.pipeline.pause.changed)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    if gw.webhook is not None:
+        gw.webhook.start()
     try:
         yield gw
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        if gw.webhook is not None:
+            await gw.webhook.close()
         await gw.transport.close()
         gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
         gw.telemetry.close()
+
+
+def _reload_operators(gw: Gateway) -> None:
+    """A changed operators file takes effect at once; a bad one is reported, the operators
+    in force stay."""
+    if gw.operators is None:
+        return
+    try:
+        if gw.operators.reload():
+            log.info("operators reloaded from %s (%d)", gw.operators.path, len(gw.operators))
+    except ConfigError as exc:
+        log.error("operators reload refused: %s; keeping the operators in force", exc)
 
 
 STATE_HEALTH_EVERY = 5.0
@@ -353,6 +521,7 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
+    _reload_operators(gw)
     gw.audit.flush()
     summary = gw.guard.summarise(now)
     if summary is not None:
@@ -428,17 +597,13 @@ async def serve(
 ) -> None:
     """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
     gw = build_gateway(settings, environ)
-    admin_token = None
-    if settings.admin_port is not None:
-        assert settings.admin_token_file is not None  # load_settings requires it
-        admin_token = read_admin_token(settings.admin_token_file)
     async with running(gw):
         # What start-up built (modules, the policy, keys) lives as long as the process: keep
         # it out of the garbage collector's scans, which otherwise walk it on every full pass.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        await _listen(gw, settings, admin_token, on_ready)
+        await _listen(gw, settings, on_ready)
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
 
 
@@ -482,7 +647,6 @@ def _fit_connections(gw: Gateway) -> None:
 async def _listen(
     gw: Gateway,
     settings: Settings,
-    admin_token: bytes | None,
     on_ready: Callable[[str], None] | None,
 ) -> None:
     """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
@@ -500,9 +664,12 @@ async def _listen(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
     admin_runner: web.AppRunner | None = None
-    if settings.admin_port is not None and admin_token is not None:
-        admin_app = create_admin_app(gw.approvals, admin_token)
-        admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
+    if settings.admin_port is not None and gw.operators is not None:
+        admin_app = create_admin_app(gw, gw.operators)
+        # Event streams never end by themselves: at shutdown they are cut after a moment.
+        admin_runner = web.AppRunner(
+            admin_app, handle_signals=False, access_log=None, shutdown_timeout=CANCEL_WAIT
+        )
         await admin_runner.setup()
         try:
             await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
@@ -542,7 +709,9 @@ async def _listen(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        gw.inflight.stopping = True  # calls still running now are cut, and audited so
+        # Calls still running now are cut: answered 503 where their answer has not started,
+        # audited as gateway_stopping either way.
+        gw.inflight.cut_all()
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()

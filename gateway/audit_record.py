@@ -150,6 +150,7 @@ class AuditRecord(TypedDict):
     sql: NotRequired[SqlSummary]
     mcp: NotRequired[McpSummary]  # one line per JSON-RPC message, sharing the request id
     approval: NotRequired[str]  # the approval that let the call go on
+    operator: NotRequired[str]  # the operator whose action decided it: approved, declined, stopped
     state_error_allowed: NotRequired[bool]  # only ever True
 
 

@@ -13,7 +13,10 @@
     capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
     capgate recording import-har HAR DIR --map URL=UP
     capgate replay DIR [serve options] -- COMMAND ...
-    capgate approvals list | approve ID | deny ID --admin URL --token-file FILE
+    capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
+    capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
+    capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file F
+    capgate pause|resume|stop (--agent A | --run R) [--reason T] [--for 10m] --admin URL ...
 
 Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
 policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
@@ -25,20 +28,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway import __version__
+from gateway.commands.console import (
+    add_console_commands,
+    cmd_act,
+    cmd_approvals,
+    cmd_operators,
+    cmd_watch,
+)
 from gateway.errors import ConfigError, GatewayError
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
 
 
-APPROVAL_ID = re.compile(r"[0-9a-f]{16}")
 """The form of an approval id (``Approvals.hold`` makes 8 random bytes in hex)."""
 
 
@@ -99,9 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--traces", help="OpenTelemetry spans: 'console' or a JSON-lines file")
     s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
     s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
+    s.add_argument(
+        "--operators", dest="operators_file", help="named operators file (capgate operators add)"
+    )
     s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")
     s.add_argument(
         "--approvals-per-agent", dest="approvals_per_agent", help="held calls per agent (10)"
+    )
+    s.add_argument(
+        "--approval-webhook", dest="approval_webhook", help="URL told when a call is held"
+    )
+    s.add_argument(
+        "--pause-hold", dest="pause_hold", help="how long a paused agent's call is held (5m)"
     )
     s.add_argument(
         "--max-connections", dest="max_connections", help="agent connections at once (1024)"
@@ -191,11 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
     )
 
-    ap = sub.add_parser("approvals", help="calls held for approval (through the admin API)")
-    ap.add_argument("action", choices=["list", "approve", "deny"])
-    ap.add_argument("id", nargs="?", help="the approval id (approve, deny)")
-    ap.add_argument("--admin", required=True, help="admin API URL, e.g. http://127.0.0.1:8788")
-    ap.add_argument("--token-file", required=True, type=Path, help="admin bearer token file")
+    add_console_commands(sub)
 
     rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
     rp.add_argument("directory", type=Path)
@@ -428,44 +441,6 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
 
 
-def cmd_approvals(args: argparse.Namespace) -> int:
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    from gateway.admin import read_admin_token
-
-    if args.action != "list" and not args.id:
-        raise CliError(f"approvals {args.action} needs the approval id")
-    if args.action != "list" and not APPROVAL_ID.fullmatch(args.id):
-        raise CliError(
-            f"approval id {args.id!r}: expected 16 hex digits, as `capgate approvals list` shows"
-        )
-    if not args.admin.startswith(("http://", "https://")):
-        raise CliError(f"--admin {args.admin!r}: expected an http(s) URL")
-    token = read_admin_token(args.token_file).decode()
-    path = "/approvals" if args.action == "list" else f"/approvals/{args.id}/{args.action}"
-    request = urllib.request.Request(  # noqa: S310 (http(s) checked above)
-        args.admin.rstrip("/") + path,
-        method="GET" if args.action == "list" else "POST",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (operator URL)
-            print(json.dumps(json.loads(resp.read()), indent=2))
-            return EXIT_OK
-    except urllib.error.HTTPError as err:
-        with err:
-            raw = err.read()
-        try:
-            detail = json.loads(raw).get("detail", err.reason)
-        except (ValueError, AttributeError):
-            detail = err.reason
-        raise CliError(f"admin API answered {err.code}: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        raise CliError(f"cannot reach the admin API at {args.admin}: {exc}") from None
-
-
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
     from gateway.state.base import REVOCATION_KINDS
@@ -490,31 +465,42 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+# The commands that need the environment, and those that need only their arguments.
+_WITH_ENV: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
+    "serve": cmd_serve,
+    "revoke": cmd_revoke,
+    "replay": cmd_replay,
+}
+_PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "keys": cmd_keys,
+    "token": cmd_token,
+    "policy": cmd_policy,
+    "audit": cmd_audit,
+    "approvals": cmd_approvals,
+    "watch": cmd_watch,
+    "operators": cmd_operators,
+    "pause": cmd_act,
+    "resume": cmd_act,
+    "stop": cmd_act,
+    "recording": cmd_recording,
+}
+
+
+def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.command in _WITH_ENV:
+        return _WITH_ENV[args.command](args, env)
+    if args.command in _PLAIN:
+        return _PLAIN[args.command](args)
+    raise CliError(f"unknown command {args.command!r}")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     from gateway.config import process_environ
 
     env = process_environ() if environ is None else environ
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "serve":
-            return cmd_serve(args, env)
-        if args.command == "keys":
-            return cmd_keys(args)
-        if args.command == "token":
-            return cmd_token(args)
-        if args.command == "policy":
-            return cmd_policy(args)
-        if args.command == "audit":
-            return cmd_audit(args)
-        if args.command == "revoke":
-            return cmd_revoke(args, env)
-        if args.command == "approvals":
-            return cmd_approvals(args)
-        if args.command == "recording":
-            return cmd_recording(args)
-        if args.command == "replay":
-            return cmd_replay(args, env)
-        raise CliError(f"unknown command {args.command!r}")
+        return _run(args, env)
     except (CliError, ConfigError, GatewayError) as exc:
         message = exc.detail if isinstance(exc, GatewayError) else str(exc)
         print(f"capgate: error: {message}", file=sys.stderr)

@@ -31,9 +31,15 @@ shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
 admin_port             (none: off)          admin API listener (approvals), on ``host``
-admin_token_file       (none)               bearer token of the admin API (a 0600 file)
+admin_token_file       (none)               one admin token for the admin API (a 0600 file;
+                                            acts as the operator ``admin``)
+operators_file         (none)               named operators of the admin API, with roles
+                                            (``capgate operators add``)
 approval_timeout       5m                   how long a held call waits for a decision
 approvals_per_agent    10                   calls of one agent held for approval at once
+approval_webhook       (none)               http(s) URL told (JSON POST) when a call starts
+                                            waiting for approval (chat, pager)
+pause_hold             5m                   how long a paused agent's call is held (then 503)
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
@@ -48,6 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.errors import ConfigError
 from gateway.policy_file import parse_duration, parse_size
@@ -77,8 +84,11 @@ class Settings:
     traces: str | None = None
     admin_port: int | None = None
     admin_token_file: Path | None = None
+    operators_file: Path | None = None
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
+    approval_webhook: str | None = None
+    pause_hold: float = 300.0
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
@@ -130,6 +140,16 @@ def _optional_path(value: Any) -> Path | None:
     if value in ("", "-", None):
         return None
     return _path(value)
+
+
+def _webhook_url(value: Any) -> str | None:
+    if value in ("", None):
+        return None
+    text = _text(value)
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL")
+    return text
 
 
 def _csv(value: Any) -> tuple[str, ...]:
@@ -194,8 +214,11 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "traces": _text,
     "admin_port": _port,
     "admin_token_file": _optional_path,
+    "operators_file": _optional_path,
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
+    "approval_webhook": _webhook_url,
+    "pause_hold": _positive_duration,
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,
@@ -264,8 +287,13 @@ def load_settings(
     for key in ("policy", "jwks"):
         if key not in values:
             raise ConfigError(f"setting {key!r} is required (--{key} or CAPGATE_{key.upper()})")
-    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
-        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
+    if values.get("admin_port") is not None and not (
+        values.get("admin_token_file") or values.get("operators_file")
+    ):
+        raise ConfigError(
+            "admin_port needs operators: --operators FILE (capgate operators add) "
+            "or --admin-token-file"
+        )
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}

@@ -21,6 +21,7 @@ from aiohttp.test_utils import BaseTestServer, TestClient
 from gateway.app import SERVER_OPTIONS, Gateway, build_gateway, create_server, running
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
+from tests.redis_server import RedisServer, redis_server_available
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_POLICY = ROOT / "tests" / "policies" / "gateway.yaml"
@@ -173,6 +174,20 @@ async def serve_gateway(aiohttp_client: Any) -> AsyncIterator[ServeGateway]:
 @pytest.fixture
 async def client(serve_gateway: ServeGateway, gateway: Gateway) -> TestClient[Any, Any]:
     return await serve_gateway(gateway)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh, empty redis-server on a free port (never the shared one), killed after the
+    test. Skipped only outside CI when the binary is missing; in CI it must be there."""
+    if not redis_server_available() and os.environ.get("CI", "").lower() not in ("true", "1"):
+        pytest.skip("needs a redis-server binary")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

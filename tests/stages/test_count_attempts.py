@@ -22,7 +22,6 @@ from gateway.testing import make_call, matching, policy_from_text, run_stages
 from tests.state.conftest import (  # noqa: F401 (fixtures: both backends)
     backend,
     make_store,
-    redis_server,
     store,
     store_url,
 )

@@ -27,8 +27,10 @@ from aiohttp import web
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
+from gateway.audit_anchor import Anchor
 from gateway.audit_record import BodyMac
-from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
+from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
+from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
@@ -142,8 +144,11 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                decisions=self.audit if self.audit.path is not None else None,
             )
         )
+        if self.audit.path is not None:
+            self.guard.refused = self.audit.count_refusal
 
     @property
     def policy(self) -> Policy:
@@ -241,7 +246,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         report_path=settings.replay_report,
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
-    audit = AuditTrail(settings.audit)
+    audit = build_audit_trail(settings)
     telemetry = Telemetry(settings.traces)
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
@@ -271,16 +276,40 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
 
 
+def build_audit_trail(settings: Settings) -> AuditTrail:
+    """The audit trail as configured: its signing key made (0600) and published in the
+    audit JWKS when absent; nothing is opened yet (``running``)."""
+    if settings.audit is None:
+        return AuditTrail(None)
+    signer = CheckpointSigner.load_or_create(
+        signing_key_path(settings.audit, settings.audit_signing_key)
+    )
+    signer.publish(jwks_path(settings.audit, settings.audit_jwks))
+    options = TrailOptions(
+        fsync=settings.audit_fsync,
+        mirror=settings.audit_mirror,
+        checkpoint_lines=settings.audit_checkpoint_lines,
+        checkpoint_interval=settings.audit_checkpoint_interval,
+        rotate_size=settings.audit_rotate_size,
+        rotate_interval=settings.audit_rotate_interval,
+        gateway_id=settings.audit_gateway_id,
+    )
+    anchor = Anchor(settings.audit_anchor) if settings.audit_anchor is not None else None
+    return AuditTrail(settings.audit, options, signer=signer, anchor=anchor)
+
+
 async def _health(gw: Gateway) -> web.Response:
     state = await gw.state.health()
     background = gw.watch.health()
-    ok = bool(state.get("reachable", False)) and background["ok"]
+    audit = gw.audit.health()
+    ok = bool(state.get("reachable", False)) and background["ok"] and audit["ok"]
     body = {
         "status": "ok" if ok else "degraded",
         "version": __version__,
         "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
         "state": state,
         "background": background,
+        "audit": audit,
         "connections": {
             "open": gw.guard.open,
             "max": gw.guard.max_connections,
@@ -348,7 +377,7 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
-    gw.audit.flush()
+    gw.audit.tick()
     summary = gw.guard.summarise(now)
     if summary is not None:
         log.warning("%s", summary)

@@ -1,7 +1,7 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
     receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
+            -> inject -> audit the decision (written before anything is forwarded)
             -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -24,7 +24,7 @@ from aiohttp import web
 
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
-from gateway.call import Call, CallObserver, CallProtocol
+from gateway.call import Call, CallObserver, CallProtocol, DecisionLog
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
 from gateway.inflight import InFlight
@@ -66,6 +66,7 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    decisions: DecisionLog | None = None  # the audit trail: allowed decisions, before forwarding
 
 
 def new_request_id() -> str:
@@ -91,7 +92,7 @@ class Pipeline:
         self.upstream_shares = services.upstream_shares
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
-        self.audit = Audit(services.mac, services.observers)
+        self.audit = Audit(services.mac, services.observers, services.decisions)
 
     async def decide(self, call: Call) -> None:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
@@ -116,6 +117,11 @@ class Pipeline:
         task = asyncio.current_task()
         try:
             await self.decide(call)
+            if call.error is None:
+                # The allowed decision is on record before anything is forwarded.
+                pending = self.audit.decided(call)
+                if pending is not None:
+                    await pending
             if call.error is not None:
                 return await self.respond(call)
             self.inflight.add(call, task)

@@ -20,6 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.app import build_gateway
+from gateway.audit_trail import LINE_FIELDS, call_records
 from gateway.config import load_settings
 from mocks.demo import Workspace
 from tests.conftest import Mocks
@@ -255,8 +256,10 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
     )
 
     audit, spans = _written(c)
-    lines = [json.loads(line) for line in audit.splitlines()]
-    # One line per call, but one per JSON-RPC message for MCP (a refused batch too).
+    raw_lines = [json.loads(line) for line in audit.splitlines()]
+    # One record per call, but one per JSON-RPC message for MCP (a refused batch too);
+    # an allowed call's decision and outcome lines joined.
+    lines = call_records(raw_lines)
     assert len(lines) == 17
     # aiohttp's access log belongs to the test server; `capgate serve` runs without one.
     logs = "\n".join(r.getMessage() for r in caplog.records if r.name != "aiohttp.access").encode()
@@ -301,8 +304,9 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
         "state_error_allowed",
         "prev",
     }
-    for line in lines:
-        assert set(line) <= closed, set(line) - closed
+    for line in raw_lines:
+        allowed = LINE_FIELDS.get(line["type"], closed | {"type"})
+        assert set(line) <= allowed, set(line) - allowed
     # Query parameter names are kept, their values never.
     assert lines[3]["query"] == ["window", "token"]
     # The allowed SQL call is described by kinds and tables, and its body by a keyed digest.
@@ -345,7 +349,7 @@ async def test_audit_body_digest_is_keyed_not_a_plain_hash(
     )
     assert resp.status == 200
     audit, _ = _written(example)
-    line = json.loads(audit.splitlines()[-1])
+    line = call_records(json.loads(x) for x in audit.splitlines())[-1]
     assert line["request_body"]["size"] == len(body)
     assert line["request_body"]["hmac"] != hashlib.sha256(body).hexdigest()
     key_file = example.audit_path.with_name(example.audit_path.name + ".key")
@@ -474,7 +478,7 @@ async def test_an_allowed_batch_is_forwarded_as_checked_and_audited_per_message(
     }
     assert batches.calls == {"get_order": 1, "run_sql": 1}
     batches.gw.audit.flush()
-    lines = [json.loads(x) for x in batches.audit_path.read_text().splitlines()][-3:]
+    lines = call_records(json.loads(x) for x in batches.audit_path.read_text().splitlines())[-3:]
     assert len({line["request_id"] for line in lines}) == 1
     assert [(line["mcp"], line["rule"]) for line in lines] == [
         ({"method": "tools/call", "name": "get_order"}, "mcp-get-order"),

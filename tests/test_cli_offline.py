@@ -355,6 +355,8 @@ def test_explain_with_a_bad_policy_exits_2_with_positions(
 
 
 def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trail of format 1 (no signed checkpoints): its chain verifies, but its tail cannot be
+    # proven, so it passes only with --open-tail, and says what was not verified.
     path = tmp_path / "audit.jsonl"
     trail = AuditTrail(path)
     trail.open()
@@ -362,15 +364,22 @@ def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         trail.append({"n": i})
     trail.close()
     code, out, _ = run(capsys, "audit", "verify", str(path))
-    assert code == 0 and out.strip() == f"{path}: ok, 4 lines, hash chain intact"
+    assert code == 1 and "does not end with a shutdown checkpoint" in out
+    code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail")
+    assert code == 0
+    assert (
+        out.splitlines()[0]
+        == f"{path}: ok, 4 lines, 0 signed checkpoints (keys: none), hash chain intact"
+    )
+    assert "not verified: the tail is open (no checkpoint at all)" in out
     lines = path.read_bytes().splitlines()
     lines[1], lines[2] = lines[2], lines[1]
     path.write_bytes(b"\n".join(lines) + b"\n")
-    code, out, _ = run(capsys, "audit", "verify", str(path))
+    code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail")
     assert code == 1
-    assert out.strip() == (
-        f"{path}:2: hash chain broken: 'prev' does not match the line before "
-        "(1 lines verified before it)"
+    assert out.splitlines()[0] == (
+        f"{path}:2: hash chain broken: 'prev' does not match the line before (that line was "
+        "changed, or lines were removed, inserted or reordered here) (1 lines verified before it)"
     )
 
 

@@ -45,6 +45,7 @@ STATUS = {
     Reason.UPSTREAM_UNAVAILABLE: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.STATE_UNAVAILABLE: 503,
+    Reason.AUDIT_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.CLIENT_CLOSED: 499,
 }
@@ -59,7 +60,7 @@ FAMILY = {
     408: (E.ApprovalTimeout, E.RequestTimeout),
     502: E.UpstreamError,
     504: E.UpstreamError,
-    503: (E.StateUnavailable, E.GatewayStopping),
+    503: (E.StateUnavailable, E.GatewayStopping, E.AuditUnavailable),
     500: E.InternalError,
     499: E.ClientClosed,
 }
@@ -110,6 +111,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "replay_miss",
         "payload_too_large",
         "state_unavailable",
+        "audit_unavailable",
         "internal_error",
         "client_closed",
     }

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gateway.audit_trail import call_records
 from mocks.demo import Workspace, rewrite_policy_urls
 from tests.conftest import ROOT, TEST_POLICY, Mocks
 
@@ -59,7 +60,8 @@ def start_capgate(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **env},
+        # The gateway of this checkout, whatever the venv has installed.
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         cwd=cwd,
     )
     assert proc.stdout is not None
@@ -110,7 +112,7 @@ def test_allowed_and_denied_then_sigterm_flushes_audit(
 
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(timeout=15) == 0
-    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    lines = call_records(json.loads(x) for x in served.audit.read_text().splitlines())
     assert [(x["decision"], x["status"]) for x in lines] == [
         ("allow", 200),
         ("deny", 403),
@@ -124,7 +126,8 @@ def test_allowed_and_denied_then_sigterm_flushes_audit(
         timeout=30,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "3 lines" in check.stdout
+    # The start checkpoint, 2 decision + 2 outcome lines, 1 decision line, the shutdown one.
+    assert "7 lines, 2 signed checkpoints" in check.stdout
 
 
 def test_sigterm_lets_calls_in_flight_finish(served: Served, workspace: Workspace) -> None:
@@ -144,7 +147,7 @@ def test_sigterm_lets_calls_in_flight_finish(served: Served, workspace: Workspac
     # New connections are refused once it stopped.
     with pytest.raises(urllib.error.URLError):
         served.call("/echo/echo/x", tok, timeout=2)
-    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    lines = call_records(json.loads(x) for x in served.audit.read_text().splitlines())
     assert lines[-1]["path"] == "/echo/echo/slow" and lines[-1]["status"] == 200
 
 

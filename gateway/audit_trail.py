@@ -457,8 +457,6 @@ class AuditTrail:
         """Write one whole line to every file, or to none (cut back); then advance the chain."""
         if self._primary is None:
             self._failed(OSError(errno.ENOENT, "the audit file is not open"))
-        if self.error is not None and not self._recovering:
-            self._recover()
         sinks = [s for s in (self._primary, self._mirror) if s is not None]
         try:
             for sink in sinks:
@@ -475,8 +473,6 @@ class AuditTrail:
         self._since_checkpoint += 1
         if self._syncer is not None:
             self._syncer.dirty = True
-
-    _recovering = False
 
     def _failed(self, exc: OSError) -> None:
         self.failures += 1
@@ -495,23 +491,19 @@ class AuditTrail:
 
     def _recover(self) -> None:
         """The first write after an outage: a ``repair`` line saying what was not written."""
-        self._recovering = True
-        try:
-            self._write(
-                self._encode(
-                    {
-                        "v": FORMAT_VERSION,
-                        "type": "repair",
-                        "time": timestamp(time.time()),
-                        "what": "write_failed",
-                        "since": timestamp(self._outage_since or time.time()),
-                        "error": self.error,
-                        "unwritten_lines": self.unwritten,
-                    }
-                )
+        self._write(
+            self._encode(
+                {
+                    "v": FORMAT_VERSION,
+                    "type": "repair",
+                    "time": timestamp(time.time()),
+                    "what": "write_failed",
+                    "since": timestamp(self._outage_since or time.time()),
+                    "error": self.error,
+                    "unwritten_lines": self.unwritten,
+                }
             )
-        finally:
-            self._recovering = False
+        )
         log.info(
             "audit file %s writable again (%d lines were not written)", self.path, self.unwritten
         )
@@ -523,6 +515,8 @@ class AuditTrail:
         """One line: the record's JSON with ``prev`` last. Raises ``AuditUnavailable``."""
         if not self._opened:
             return
+        if self.error is not None:
+            self._recover()  # before encoding: the repair line comes first in the chain
         self._write(self._encode(record))
         if self._since_checkpoint >= self.options.checkpoint_lines:
             self.checkpoint("periodic")
@@ -532,6 +526,8 @@ class AuditTrail:
         shutdown); the latest one is offered to the anchor."""
         if self.signer is None or not self._opened:
             return
+        if self.error is not None:
+            self._recover()
         record = {
             "v": FORMAT_VERSION,
             "type": "checkpoint",

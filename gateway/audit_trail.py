@@ -221,6 +221,18 @@ def _read_tail(path: Path) -> tuple[bytes | None, bytes]:
     return (last or None), torn
 
 
+def _aside(path: Path) -> Path:
+    """A name for ``path`` moved aside: ``NAME.<UTC time>``, and ``.1``, ``.2``, ... when
+    that is taken (never replacing an earlier file). Sorted by name, oldest first."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.{stamp}")
+    n = 0
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.{stamp}.{n:03d}")
+    return aside
+
+
 def _write_all(fd: int, line: bytes) -> None:
     view = memoryview(line)
     while view:
@@ -409,7 +421,7 @@ class AuditTrail:
         if head != self._prev and sink.size > 0:
             # The mirror holds another chain than the primary: keep it, start a fresh one.
             sink.close()
-            aside = path.with_name(f"{path.name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            aside = _aside(path)
             os.replace(path, aside)
             log.warning("audit mirror %s held another chain; moved aside to %s", path, aside)
             sink = _Sink(path)
@@ -656,8 +668,7 @@ class AuditTrail:
             with contextlib.suppress(AuditUnavailable):
                 self.checkpoint("rotate")
             if move:
-                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-                aside = self.path.with_name(f"{self.path.name}.{stamp}")
+                aside = _aside(self.path)
                 try:
                     os.replace(self.path, aside)
                 except OSError as exc:

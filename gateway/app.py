@@ -27,7 +27,7 @@ from aiohttp import web
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
-from gateway.audit_anchor import Anchor
+from gateway.audit_anchor import Anchor, AnchorSpec
 from gateway.audit_record import BodyMac
 from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
 from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
@@ -294,7 +294,11 @@ def build_audit_trail(settings: Settings) -> AuditTrail:
         rotate_interval=settings.audit_rotate_interval,
         gateway_id=settings.audit_gateway_id,
     )
-    anchor = Anchor(settings.audit_anchor) if settings.audit_anchor is not None else None
+    spec = settings.audit_anchor
+    if spec is None and settings.state.startswith(("redis://", "rediss://")):
+        # A fleet with Redis: each gateway's latest checkpoint is kept there by default.
+        spec = AnchorSpec("redis", settings.state)
+    anchor = Anchor(spec) if spec is not None else None
     return AuditTrail(settings.audit, options, signer=signer, anchor=anchor)
 
 

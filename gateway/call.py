@@ -99,6 +99,7 @@ class Call:
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     audit_decided: bool = False  # audit: the decision line was written before forwarding
+    request_digest: BodyDigest | None = None  # audit: the forwarded body's keyed digest
     dispatched: bool = False  # dispatch: the call was handed to the transport
     deadline: float | None = None  # dispatch: loop time by which the upstream exchange ends
     response: UpstreamResponse | None = None  # dispatch

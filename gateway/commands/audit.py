@@ -82,9 +82,13 @@ class AuditCliError(Exception):
 def _verify(args: argparse.Namespace) -> Report:
     files: Sequence[Path] = args.files
     jwks = args.jwks
-    beside = files[0].with_name(files[0].name + ".jwks.json")
-    if jwks is None and beside.exists():
-        jwks = beside
+    if jwks is None:
+        # Beside the live file (the last given; a rotated file's name has a suffix).
+        for f in reversed(files):
+            beside = f.with_name(f.name.split(".jsonl")[0] + ".jsonl.jwks.json")
+            for candidate in (f.with_name(f.name + ".jwks.json"), beside):
+                if jwks is None and candidate.exists():
+                    jwks = candidate
     keys = None
     if jwks is not None:
         try:

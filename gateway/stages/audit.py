@@ -58,7 +58,10 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     if target is not None and target.query_pairs:
         record["query"] = names(mac, [name for name, _ in target.query_pairs])
     if call.body is not None:
-        record["request_body"] = mac.of(call.body)
+        digest = call.request_digest
+        if digest is None:  # once per call: the decision line and the ended call share it
+            digest = call.request_digest = mac.of(call.body)
+        record["request_body"] = digest
     if call.response_digest is not None:
         record["response_body"] = call.response_digest
     findings = call.findings

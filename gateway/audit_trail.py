@@ -385,12 +385,14 @@ class AuditTrail:
         self._file_started = self._last_checkpoint = now
         self._opened = True
         try:
+            # The start checkpoint first: a new file (or mirror) begins with a signed line.
+            self.checkpoint("start")
             for repair in repairs:
                 self.append(repair)
-            self.checkpoint("start")
         except AuditUnavailable as exc:
             self._close_files()
-            raise ConfigError(f"cannot write audit file {str(self.path)!r}: {exc.detail}") from exc
+            self._opened = False
+            raise ConfigError(f"cannot write audit file {str(self.path)!r}: {self.error}") from exc
         policy = self.options.fsync
         if policy.always or policy.interval is not None:
             self._syncer = _Syncer(self, policy)
@@ -538,8 +540,8 @@ class AuditTrail:
         shutdown); the latest one is offered to the anchor."""
         if self.signer is None or not self._opened:
             return
-        if self.error is not None:
-            self._recover()
+        if self.error is not None and kind != "start":
+            self._recover()  # (a new file begins with its start checkpoint, then the repair)
         record = {
             "v": FORMAT_VERSION,
             "type": "checkpoint",
@@ -575,7 +577,9 @@ class AuditTrail:
             return None
         for record in records:
             self.append({"v": FORMAT_VERSION, "type": "decision", **record})
-        call.audit_decided = True
+            # From the first line on, the call's end is an outcome line (even if a later
+            # record of the same call cannot be written and the call is refused).
+            call.audit_decided = True
         if self.options.fsync.always and self._syncer is not None:
             return self._syncer.wait()
         return None

@@ -27,8 +27,9 @@ audit_mirror           (none)               a second copy of every line (another
 audit_signing_key      <audit>.signing.pem  Ed25519 key of the checkpoints (made 0600 if absent)
 audit_jwks             <audit>.jwks.json    where its public key is published (keys kept)
 audit_anchor           (none)               file:PATH, exec:COMMAND, redis or redis://...
-audit_checkpoint_lines 1000                 a signed checkpoint at least every N lines ...
-audit_checkpoint_interval 10s               ... and every T (when lines were written)
+audit_checkpoint_lines 1000                 a signed checkpoint at least every N lines, and
+audit_checkpoint_      10s                  ... every T (when lines were written); the key
+ interval                                   is ``audit_checkpoint_interval``
 audit_rotate_size      (none)               rotate the audit file at this size (e.g. 100MB)
 audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
 audit_gateway_id       host name            this gateway's name in checkpoints and anchors

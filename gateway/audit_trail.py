@@ -62,6 +62,7 @@ GENESIS = "0" * 64
 AUDIT_KEY_BYTES = 32
 FORMAT_VERSION = 2  # ``v`` of the lines this module writes; lines without ``type`` are v1
 SUMMARY_EVERY = 10.0  # seconds between summary lines (when something was counted)
+ROTATE_RETRY = 60.0  # seconds before a rotation that could not rename the file is tried again
 MAX_SUMMARY_KEYS = 256  # distinct (reason, source) pairs per summary; more go to "other"
 # The members of each line type but ``decision`` (which is an ``AuditRecord`` and ``type``):
 # a closed set each, specified in docs/audit.md and checked by tests/test_advisories.py.
@@ -357,6 +358,7 @@ class AuditTrail:
         self._counts: Counter[tuple[str, str]] = Counter()
         self._counts_since = time.time()
         self._last_summary = time.monotonic()
+        self._rotate_after = 0.0  # monotonic time before which no rotation is tried again
 
     # --- opening and closing ----------------------------------------------------------------
 
@@ -642,9 +644,12 @@ class AuditTrail:
         try:
             if self._primary is None or self._primary.moved():
                 self.rotate(move=False)
-            elif (opts.rotate_size is not None and self._primary.size >= opts.rotate_size) or (
-                opts.rotate_interval is not None
-                and wall - self._file_started >= opts.rotate_interval
+            elif mono >= self._rotate_after and (
+                (opts.rotate_size is not None and self._primary.size >= opts.rotate_size)
+                or (
+                    opts.rotate_interval is not None
+                    and wall - self._file_started >= opts.rotate_interval
+                )
             ):
                 self.rotate(move=True)
             if mono - self._last_summary >= SUMMARY_EVERY:
@@ -676,7 +681,11 @@ class AuditTrail:
                 try:
                     os.replace(self.path, aside)
                 except OSError as exc:
-                    self._failed(exc)
+                    # The file itself is still writable: keep writing to it, try again later.
+                    log.error("audit file %s cannot be rotated: %s", self.path, exc.strerror)
+                    self._file_started = time.time()
+                    self._rotate_after = time.monotonic() + ROTATE_RETRY
+                    return
                 log.info("audit file rotated to %s", aside)
             else:
                 log.warning("audit file %s was moved away or deleted; reopening it", self.path)

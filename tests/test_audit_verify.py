@@ -228,3 +228,21 @@ def test_rotated_files_verify_as_one_trail(tmp_path: Path, signer: CheckpointSig
     wrong = verify_trail([path, old], keys)
     assert wrong.problem is not None and wrong.problem.file == str(old)
     assert wrong.problem.line == 1
+
+
+def test_a_trail_begun_in_format_1_verifies_after_the_upgrade(
+    tmp_path: Path, signer: CheckpointSigner
+) -> None:
+    # Lines of format 1 (one line per call, no type), then the upgraded gateway continues
+    # the same file: the chain holds across, the new part is signed, the old part is named.
+    path = tmp_path / "audit.jsonl"
+    old = AuditTrail(path)
+    old.open()
+    for i in range(3):
+        old.append({"v": 1, "request_id": f"old{i}", "agent": "a", "decision": "allow"})
+    old.close()
+    write(path, signer, n=4)
+    report = check(path, tmp_path)
+    assert report.ok, report.problem
+    assert report.legacy_lines == 3
+    assert any("3 lines of format 1" in n for n in report.notes)

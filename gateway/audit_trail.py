@@ -290,22 +290,26 @@ class _Syncer(threading.Thread):
                     self.syncs += 1
                 except OSError as exc:
                     error = exc
+            by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
             for loop, fut in batch:
+                by_loop.setdefault(loop, []).append(fut)
+            for loop, futs in by_loop.items():  # one wake-up of each loop per sync
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_settle, fut, error)
+                    loop.call_soon_threadsafe(_settle, futs, error)
             if stopping:
                 return
 
 
-def _settle(fut: asyncio.Future[None], error: OSError | None) -> None:
-    if fut.done():
-        return
-    if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(
-            AuditUnavailable(f"the audit file could not be synced ({error.strerror or error})")
-        )
+def _settle(futs: list[asyncio.Future[None]], error: OSError | None) -> None:
+    for fut in futs:
+        if fut.done():
+            continue
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(
+                AuditUnavailable(f"the audit file could not be synced ({error.strerror or error})")
+            )
 
 
 def _outcome(record: AuditRecord) -> dict[str, Any]:

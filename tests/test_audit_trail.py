@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +328,24 @@ def test_call_records_join_decision_and_outcome() -> None:
         {"request_id": "b", "status": 403, "decision": "deny"},
         {"v": 1, "request_id": "old", "status": 200},
     ]
+
+
+def test_checkpoints_and_rotation_by_time(tmp_path: Path) -> None:
+    trail = _signed(tmp_path, checkpoint_interval=0.05, rotate_interval=0.3)
+    trail.open()
+    trail.tick()  # nothing written since the start checkpoint: no periodic one
+    assert trail.checkpoints == 1
+    trail.append({"v": 2, "type": "decision", "n": 1})
+    time.sleep(0.06)
+    trail.tick()
+    assert trail.latest_checkpoint is not None
+    assert trail.latest_checkpoint["kind"] == "periodic" and trail.checkpoints == 2
+    time.sleep(0.3)
+    trail.tick()  # rotated: a rotate checkpoint closes the old file, a start opens the new
+    trail.append({"v": 2, "type": "decision", "n": 2})
+    trail.close()
+    [old] = tmp_path.glob("audit.jsonl.2*")
+    kinds = [json.loads(x).get("kind") for x in old.read_text().splitlines()]
+    assert kinds == ["start", None, "periodic", "rotate"]
+    keys = load_verify_keys(tmp_path / "jwks.json")
+    assert verify_trail([old, tmp_path / "audit.jsonl"], keys).ok

@@ -8,7 +8,8 @@
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
     capgate policy schema
-    capgate audit verify FILE
+    capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
+    capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
     capgate recording import-har HAR DIR --map URL=UP
@@ -89,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="key file for the audit's keyed body digests (default: the audit file + '.key', "
         "created 0600 when absent)",
     )
+    s.add_argument(
+        "--audit-fsync", help="always (sync before forwarding), a duration (default 1s), never"
+    )
+    s.add_argument("--audit-mirror", help="a second copy of every audit line (another volume)")
+    s.add_argument(
+        "--audit-signing-key", help="Ed25519 key of the checkpoints (default <audit>.signing.pem)"
+    )
+    s.add_argument("--audit-jwks", help="where its public key is published (<audit>.jwks.json)")
+    s.add_argument(
+        "--audit-anchor", help="where checkpoints are kept: file:PATH, exec:COMMAND, redis"
+    )
+    s.add_argument("--audit-checkpoint-lines", help="a checkpoint every N lines (1000)")
+    s.add_argument("--audit-checkpoint-interval", help="and every T (10s)")
+    s.add_argument("--audit-rotate-size", help="rotate the audit file at this size, e.g. 100MB")
+    s.add_argument("--audit-rotate-interval", help="rotate the audit file this often, e.g. 24h")
+    s.add_argument("--audit-gateway-id", help="this gateway's name in checkpoints (host name)")
     s.add_argument(
         "--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials"
     )
@@ -218,10 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve options (--policy, --jwks, ...), then -- COMMAND ...",
     )
 
-    a = sub.add_parser("audit", help="the audit trail")
-    asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
-    av = asub.add_parser("verify", help="check the hash chain of an audit file")
-    av.add_argument("file", type=Path)
+    from gateway.commands.audit import add_audit_parsers
+
+    add_audit_parsers(sub, _Parser)
 
     r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
     g = r.add_mutually_exclusive_group(required=True)
@@ -402,17 +418,14 @@ def _cmd_policy_grants(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from gateway.audit_trail import verify
+    from gateway.commands.audit import AuditCliError, cmd_audit_query, cmd_audit_verify
 
     try:
-        count, broken = verify(args.file)
-    except OSError as exc:
-        raise CliError(f"{args.file}: {exc.strerror}") from None
-    if broken is not None:
-        print(f"{args.file}:{broken.line}: {broken.message} ({count} lines verified before it)")
-        return EXIT_NEGATIVE
-    print(f"{args.file}: ok, {count} lines, hash chain intact")
-    return EXIT_OK
+        if args.audit_command == "query":
+            return cmd_audit_query(args)
+        return cmd_audit_verify(args)
+    except AuditCliError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_recording(args: argparse.Namespace) -> int:

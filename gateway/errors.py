@@ -22,6 +22,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
     ├── AgentPaused (503)           agent_paused (Retry-After)
+    ├── AuditUnavailable (503)      audit_unavailable
     ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
@@ -75,6 +76,7 @@ class Reason(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
     AGENT_PAUSED = "agent_paused"
+    AUDIT_UNAVAILABLE = "audit_unavailable"
     INTERNAL_ERROR = "internal_error"
     CLIENT_CLOSED = "client_closed"
 
@@ -439,6 +441,19 @@ class AgentPaused(GatewayError):
     title = "Agent paused"
 
 
+class AuditUnavailable(GatewayError):
+    """Raised when the audit trail cannot be written (disk full, permission, file gone): an
+    allowed call is not forwarded without its line (fail closed)."""
+
+    status = 503
+    reason = Reason.AUDIT_UNAVAILABLE
+    title = "Audit trail unavailable"
+
+    def __init__(self, detail: str, **kwargs: Any) -> None:
+        super().__init__(detail, **kwargs)
+        self.headers.setdefault("Retry-After", "1")
+
+
 class ClientClosed(GatewayError):
     """Raised when the agent closes its connection before its call is answered (nothing
     more is sent; the status is nginx's 499, never seen by the agent)."""
@@ -501,6 +516,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
     Reason.AGENT_PAUSED: AgentPaused,
+    Reason.AUDIT_UNAVAILABLE: AuditUnavailable,
     Reason.INTERNAL_ERROR: InternalError,
     Reason.CLIENT_CLOSED: ClientClosed,
 }

@@ -2,8 +2,8 @@
 
     receive -> route -> authenticate -> pause -> match_policy -> count_attempts -> validate
             -> throttle -> taint_gate -> approve -> inject
-            -> taint_mark -> dispatch (live upstream | recorder | replay) -> respond
-            -> audit (observers)
+            -> audit the decision (written before anything is forwarded) -> taint_mark
+            -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
 that escapes is a bug: it is logged with its traceback, and the call is denied with
@@ -26,7 +26,7 @@ from aiohttp import web
 
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
-from gateway.call import Call, CallObserver, CallProtocol
+from gateway.call import Call, CallObserver, CallProtocol, DecisionLog
 from gateway.check_workers import CheckWorkers
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
@@ -76,6 +76,7 @@ class Services:
     notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
     pause_hold: float = 300.0  # how long a call of a paused agent or run is held
     check_workers: CheckWorkers | None = None  # heavy payload checks off the event loop
+    decisions: DecisionLog | None = None  # the audit trail: allowed decisions, before forwarding
 
 
 def new_request_id() -> str:
@@ -107,7 +108,7 @@ class Pipeline:
         self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
-        self.audit = Audit(services.mac, services.observers)
+        self.audit = Audit(services.mac, services.observers, services.decisions)
 
     async def decide(self, call: Call) -> None:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
@@ -132,6 +133,11 @@ class Pipeline:
         task = asyncio.current_task()
         try:
             await self.decide(call)
+            if call.error is None:
+                # The allowed decision is on record before anything is forwarded.
+                pending = self.audit.decided(call)
+                if pending is not None:
+                    await pending
             if call.error is not None:
                 return await self.respond(call)
             self.inflight.add(call, task)

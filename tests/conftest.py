@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient
 
 from gateway.app import SERVER_OPTIONS, Gateway, build_gateway, create_server, running
+from gateway.audit_trail import call_records
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
 from tests.redis_server import RedisServer, redis_server_available
@@ -199,6 +200,7 @@ def token(workspace: Workspace) -> Any:
 
 
 def audit_lines(settings: Settings, gateway: Gateway) -> list[dict[str, Any]]:
+    """The calls in the audit file, one record each (decision and outcome lines joined)."""
     gateway.audit.flush()
     assert settings.audit is not None
-    return [json.loads(line) for line in settings.audit.read_text().splitlines()]
+    return call_records(json.loads(line) for line in settings.audit.read_text().splitlines())

@@ -25,13 +25,13 @@ pytestmark = [pytest.mark.redis, needs_redis]
 
 @pytest.fixture
 async def fleet(
+    redis_server: RedisServer,  # first: it outlives the gateways, which close before it
     aiohttp_client: Any,
     serve_gateway: Any,
     settings: Settings,
     workspace: Workspace,
     policy_file: Path,
     mocks: Mocks,
-    redis_server: RedisServer,
     tmp_path: Path,
 ) -> Any:
     operators = tmp_path / "operators.yaml"

@@ -5,20 +5,28 @@
     GET  /health                     the gateway's health report               viewer
     GET  /calls                      recent calls, newest first (filters)      viewer
     GET  /calls/inflight             calls being held or forwarded now         viewer
+    GET  /stats                      decisions since start, by reason          viewer
     GET  /events                     server-sent events, live (filters)        viewer
     GET  /approvals                  calls held for approval                   viewer
     POST /approvals/{id}/approve     let the held call go on                   approver
     POST /approvals/{id}/deny        end it with approval_denied               approver
     GET  /operators                  operator names and roles                  admin
+    POST /agents/{agent}/stop        revoke an agent: refuse its calls from now admin
+    POST /runs/{run}/stop            revoke a run: refuse its calls from now    admin
+    GET  /console/...                the web console (``gateway/admin_console.py``)
 
-Every request but ``/openapi.json`` carries ``Authorization: Bearer <operator token>``; the
-operator it names (``gateway/operators.py``) must hold the route's role. The operator's name
-is recorded with what they do (an approval's audit line says who approved it). Filters are
-exact matches: ``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval);
-``/calls`` also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are
-problem+json with a stable ``reason``: ``operator_unauthenticated`` (401),
-``operator_forbidden`` (403), ``approval_not_found`` (404), ``admin_request_invalid`` (400),
-``concurrency_limited`` (429, too many event streams).
+Every request but ``/openapi.json`` and the console's page and login carries
+``Authorization: Bearer <operator token>`` (or a console session cookie, with its CSRF
+token on a state-changing request: ``gateway/admin_console.py``); the operator it names
+(``gateway/operators.py``) must hold the route's role. The operator's name is recorded with
+what they do (an approval's audit line says who approved it). Filters are exact matches:
+``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval|operator); ``/calls``
+also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are problem+json with
+a stable ``reason``: ``operator_unauthenticated`` (401), ``operator_forbidden`` (403),
+``cross_site_refused`` and ``csrf_token_invalid`` (403, a console session used from another
+site or without its CSRF token), ``approval_not_found`` (404), ``admin_request_invalid``
+(400), ``concurrency_limited`` (429, too many event streams), ``state_unavailable`` (503, a
+stop applied at this gateway only).
 
 What the API shows is built from the closed audit record: no body, query value, header
 value, SQL text or tool argument; agent-chosen names (paths) are data to be escaped by
@@ -32,16 +40,28 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.admin_console import (
+    Refused,
+    console_file,
+    console_login,
+    console_logout,
+    console_page,
+    console_redirect,
+    console_session,
+    identify,
+    install_console,
+)
 from gateway.approvals import Approvals
-from gateway.errors import ConcurrencyLimited, ConfigError
+from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
 from gateway.events import EventHub, Filters, Subscription, sse
 from gateway.operators import Operator, OperatorBook
 from gateway.secret_files import check_secret_file
+from gateway.state.base import StateStore
 
 HEARTBEAT_S = 15.0
 MAX_LIMIT = 1000
@@ -54,6 +74,7 @@ class Console(Protocol):
 
     approvals: Approvals
     events: EventHub
+    state: StateStore
 
     def inflight_calls(self) -> list[dict[str, Any]]: ...
 
@@ -109,7 +130,7 @@ async def _authorized(request: web.Request, handler: Handler) -> web.StreamRespo
     role = _route_role(request)
     if role is None:  # /openapi.json, and unknown paths (answered 404/405 by the router)
         return await handler(request)
-    operator = request.app[OPERATORS].authenticate(request.headers.get("Authorization", ""))
+    operator = identify(request, request.app[OPERATORS])  # Refused: a cross-site request
     if operator is None:
         return problem(401, "operator_unauthenticated", "a valid operator bearer token is required")
     if not operator.may(role):
@@ -170,6 +191,10 @@ async def _calls(request: web.Request) -> web.Response:
 
 async def _inflight(request: web.Request) -> web.Response:
     return web.json_response({"calls": request.app[CONSOLE].inflight_calls()})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CONSOLE].events.stats())
 
 
 async def _events(request: web.Request) -> web.StreamResponse:
@@ -237,6 +262,25 @@ async def _note(request: web.Request) -> str:
     return reason
 
 
+async def _stop(request: web.Request) -> web.Response:
+    """Revoke an agent or a run: its calls in flight are cut, its next calls refused
+    (``token_revoked``), on every gateway sharing the state store."""
+    kind: Literal["agent", "run"] = "agent" if "agent" in request.match_info else "run"
+    value = request.match_info[kind]
+    note = await _note(request)
+    by = _operator(request).name
+    console = request.app[CONSOLE]
+    try:
+        await console.state.revoke(kind, value)
+    except StateUnavailable as exc:  # applied here; not recorded for the other gateways
+        return problem(503, "state_unavailable", f"stopped at this gateway only: {exc.detail}")
+    event = {"type": "operator", "action": "stop", kind: value, "operator": by}
+    if note:
+        event["note"] = note
+    console.events.publish(event)
+    return web.json_response({"action": "stop", kind: value, "by": by})
+
+
 async def _operators(request: web.Request) -> web.Response:
     return web.json_response({"operators": request.app[OPERATORS].names()})
 
@@ -254,6 +298,8 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
         return await handler(request)
     except _Invalid as exc:
         return problem(400, "admin_request_invalid", str(exc))
+    except Refused as exc:
+        return problem(exc.status, exc.reason, exc.detail)
     except web.HTTPRequestEntityTooLarge:
         return problem(413, "admin_request_invalid", "the request body is too large")
     except web.HTTPNotFound:
@@ -269,14 +315,23 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]], str | None]
 ROUTES: tuple[Route, ...] = (
     ("GET", "/openapi.json", _openapi, None),
+    ("GET", "/console", console_redirect, None),
+    ("GET", "/console/", console_page, None),
+    ("GET", "/console/{file}", console_file, None),
+    ("POST", "/console/login", console_login, None),
+    ("GET", "/console/session", console_session, "viewer"),
+    ("POST", "/console/logout", console_logout, "viewer"),
     ("GET", "/whoami", _whoami, "viewer"),
     ("GET", "/health", _health, "viewer"),
     ("GET", "/calls", _calls, "viewer"),
     ("GET", "/calls/inflight", _inflight, "viewer"),
+    ("GET", "/stats", _stats, "viewer"),
     ("GET", "/events", _events, "viewer"),
     ("GET", "/approvals", _approvals, "viewer"),
     ("POST", "/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide, "approver"),
     ("GET", "/operators", _operators, "admin"),
+    ("POST", "/agents/{agent}/stop", _stop, "admin"),
+    ("POST", "/runs/{run}/stop", _stop, "admin"),
 )
 
 
@@ -284,6 +339,7 @@ def create_admin_app(console: Console, operators: OperatorBook) -> web.Applicati
     app = web.Application(middlewares=[_problems, _authorized], client_max_size=64 * 1024)
     app[CONSOLE] = console
     app[OPERATORS] = operators
+    install_console(app, operators)
     roles: dict[tuple[str, str], str] = {}
     for method, path, handler, role in ROUTES:
         resource = app.router.add_resource(path)

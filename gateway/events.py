@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class EventHub:
     _subscribers: set[Subscription] = field(default_factory=set)
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     streams: Shares = field(init=False)
+    # Decisions since start by (decision, reason): bounded by the closed set of reason codes.
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    since: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.keep)
@@ -94,6 +98,7 @@ class EventHub:
     def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
         for record in records:
             event: dict[str, Any] = {"type": "call", **record}
+            self.counts[(record["decision"], record["reason"])] += 1
             self.recent.append(event)
             self.publish(event)
 
@@ -114,6 +119,22 @@ class EventHub:
                 if len(out) >= limit:
                     break
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """Decisions since start: in all, by decision, and by decision and reason (most
+        frequent first). An MCP call counts once per JSON-RPC message, as it is audited."""
+        by_decision: Counter[str] = Counter()
+        for (decision, _), count in self.counts.items():
+            by_decision[decision] += count
+        return {
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+            "total": sum(by_decision.values()),
+            "by_decision": {"allow": by_decision["allow"], "deny": by_decision["deny"]},
+            "by_reason": [
+                {"decision": decision, "reason": reason, "count": count}
+                for (decision, reason), count in self.counts.most_common()
+            ],
+        }
 
     @contextmanager
     def subscribe(self, filters: Filters, who: str) -> Iterator[Subscription]:

@@ -140,3 +140,214 @@ async def test_a_new_call_appears_within_a_second_without_reloading(
     await page.locator("#stat-deny", has_text="1").wait_for(timeout=2000)
     await console.screenshot("live-calls")
     assert console.problems == []
+
+
+# --- agent-controlled text is text ------------------------------------------------------------
+
+HOSTILE_BODY = (
+    '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>\n'
+    '{"note": "</pre><b id=bold>not bold</b>", "quote": "\\" \' `", "é": "\\u003cimg\\u003e"}'
+)
+HOSTILE_TOOL = "<img src=x onerror=window.__pwned=3>"
+
+
+class Held:
+    """Calls held for approval by a test; whatever is still held is denied at the end."""
+
+    def __init__(self, setup: ConsoleSetup, workspace: Workspace) -> None:
+        self.setup = setup
+        self.workspace = workspace
+        self.tasks: list[asyncio.Task[tuple[int, bytes]]] = []
+
+    async def __call__(self, body: bytes) -> asyncio.Task[tuple[int, bytes]]:
+        """Post ``body`` to the held rule ``echo-post``; the task ends with the answer."""
+        headers = {**agent(self.workspace), "Content-Type": "application/octet-stream"}
+
+        async def call() -> tuple[int, bytes]:
+            answer = await self.setup.client.post("/echo/echo/post", data=body, headers=headers)
+            return answer.status, await answer.read()
+
+        before = len(self.setup.gw.approvals.pending())
+        task = asyncio.ensure_future(call())
+        self.tasks.append(task)
+        for _ in range(500):
+            if len(self.setup.gw.approvals.pending()) > before:
+                return task
+            await asyncio.sleep(0.01)
+        raise AssertionError("the call was not held")
+
+    async def release(self) -> None:
+        for pending in self.setup.gw.approvals.pending():
+            self.setup.gw.approvals.decide(pending["id"], False, by="cleanup")
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def hold(setup: ConsoleSetup, workspace: Workspace) -> AsyncIterator[Held]:
+    held = Held(setup, workspace)
+    yield held
+    await held.release()
+
+
+async def test_hostile_paths_tool_names_and_bodies_render_as_text(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace, hold: Held
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["alice"])
+    page = console.page
+    hostile_path = "/echo/echo/%3Cimg%20src%3Dx%20onerror%3Dwindow.__pwned%3D4%3E"
+    await setup.client.get(hostile_path, headers=agent(workspace))
+    rpc = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": HOSTILE_TOOL, "arguments": {"x": "<script>window.__pwned=5</script>"}},
+    }
+    await setup.client.post(
+        "/tools/mcp",
+        json=rpc,
+        headers={
+            **agent(workspace, "mcp-bot", "mcp-agent"),
+            "Accept": "application/json, text/event-stream",
+        },
+    )
+    held = await hold(HOSTILE_BODY.encode())
+    await page.locator("#calls tr", has_text="onerror").first.wait_for(timeout=2000)
+    await page.locator("#calls tr", has_text="/tools/mcp").wait_for(timeout=2000)
+    card = page.locator("#approvals li")
+    await card.wait_for(timeout=2000)
+    # The held call's body is shown exactly, as text.
+    assert await card.locator("pre").text_content() == HOSTILE_BODY
+    # No element came from the agent's text, no script ran, no dialog opened.
+    assert await page.locator("img").count() == 0
+    assert await page.locator("#bold").count() == 0
+    assert await page.locator("script").count() == 1  # console.js
+    assert await page.evaluate("window.__pwned") is None
+    paths = await page.locator("#calls code").all_text_contents()
+    assert any("onerror" in p for p in paths), paths
+    await console.screenshot("hostile-text")
+    assert console.problems == []
+    await hold.release()
+    status, _ = await held
+    assert status == 403
+
+
+# --- approvals ----------------------------------------------------------------------------------
+
+
+async def test_clicking_approve_releases_the_held_call_byte_for_byte(
+    browser: Any,
+    setup: ConsoleSetup,
+    operators: Operators,
+    workspace: Workspace,
+    mocks: Mocks,
+    hold: Held,
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["alice"])
+    page = console.page
+    body = '{"deploy": "web", "note": "naïve <b>markup</b>", "n": [1, 2.50, null]}\n'.encode()
+    held = await hold(body)
+    card = page.locator("#approvals li", has_text="/echo/echo/post")
+    await card.wait_for(timeout=2000)
+    assert "echo-post" in (await card.locator(".why").text_content() or "")
+    await page.locator("#inflight tr", has_text="held for approval").wait_for(timeout=2000)
+    assert mocks.requests("echo") == []  # nothing reached the upstream yet
+    await card.get_by_label("Reason").fill("change ticket 42")
+    await console.screenshot("approval-held")
+    await card.get_by_role("button", name="Approve").click()
+    status, answer = await asyncio.wait_for(held, 5)
+    assert status == 200
+    [seen] = mocks.requests("echo")
+    assert seen["body"].encode() == body
+    assert json.loads(answer)["body"] == body.decode()
+    await card.get_by_text("Approved by alice").wait_for(timeout=2000)
+    await page.locator("#approvals li").wait_for(state="detached", timeout=3000)
+    await page.get_by_text("No call is waiting for a decision").wait_for()
+    row = page.locator("#calls tr", has_text="/echo/echo/post")
+    await row.wait_for(timeout=2000)
+    assert "approved by alice" in (await row.text_content() or "")
+    [line] = [x for x in audit_lines(setup.settings, setup.gw) if x["path"] == "/echo/echo/post"]
+    assert line["operator"] == "alice"
+    await console.screenshot("approval-released")
+    assert console.problems == []
+
+
+# --- stop ---------------------------------------------------------------------------------------
+
+
+async def test_stop_refuses_the_agents_next_call(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["root"])
+    page = console.page
+    doomed = agent(workspace, "other-bot")
+    assert (await setup.client.get("/echo/echo/before", headers=doomed)).status == 200
+    stop = page.get_by_role("button", name="Stop agent other-bot")
+    await stop.wait_for(timeout=2000)
+    await stop.click()
+    dialog = page.get_by_role("dialog")
+    await dialog.get_by_label("Reason").fill("leaking data")
+    await console.screenshot("stop-confirm")
+    await dialog.get_by_role("button", name="Stop agent").click()
+    await page.get_by_text("Stop: agent other-bot.").wait_for(timeout=2000)
+    after = await setup.client.get("/echo/echo/after", headers=doomed)
+    assert after.status == 401
+    assert (await after.json(content_type=None))["reason"] == "token_revoked"
+    # Another agent is not touched.
+    assert (await setup.client.get("/echo/echo/other", headers=agent(workspace))).status == 200
+    refused = page.locator("#calls tr", has_text="/echo/echo/after")
+    await refused.wait_for(timeout=2000)
+    assert "token_revoked" in (await refused.text_content() or "")
+    await page.locator("#subjects tr", has_text="other-bot").get_by_text("stopped").wait_for()
+    await console.screenshot("stopped")
+    assert console.problems == []
+
+
+# --- roles and credentials -------------------------------------------------------------------
+
+
+async def test_a_viewer_sees_no_controls_and_cannot_act(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace, hold: Held
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["vera"])
+    page = console.page
+    held = await hold(b"hold me")
+    card = page.locator("#approvals li")
+    await card.wait_for(timeout=2000)
+    await card.get_by_text("Deciding needs the approver role").wait_for()
+    assert await page.get_by_role("button", name="Approve").count() == 0
+    assert await page.get_by_role("button", name="Deny").count() == 0
+    await page.locator("#subjects tr", has_text="tester").wait_for(timeout=2000)
+    assert await page.get_by_role("button", name="Stop agent tester").count() == 0
+    await console.screenshot("viewer")
+    # Forced through the viewer's own session (cookie and CSRF token): 403, nothing changes.
+    session = await (await page.request.get(setup.url + "/console/session")).json()
+    [pending] = setup.gw.approvals.pending()
+    for path in (f"/approvals/{pending['id']}/approve", "/agents/tester/stop"):
+        answer = await page.request.post(
+            setup.url + path,
+            headers={"X-CSRF-Token": session["csrf"], "Content-Type": "application/json"},
+            data="{}",
+        )
+        assert answer.status == 403
+        assert (await answer.json())["reason"] == "operator_forbidden"
+    assert [p["id"] for p in setup.gw.approvals.pending()] == [pending["id"]]
+    assert (await setup.client.get("/echo/echo/still", headers=agent(workspace))).status == 200
+    assert console.problems == []
+    await hold.release()
+    assert (await held)[0] == 403
+
+
+async def test_a_wrong_token_is_refused_clearly(browser: Any, setup: ConsoleSetup) -> None:
+    console = await open_console(browser, setup, None)
+    page = console.page
+    await page.get_by_label("Operator token").fill("cgo_not-a-real-token")
+    await page.get_by_role("button", name="Log in").click()
+    alert = page.get_by_role("alert")
+    await alert.wait_for(timeout=2000)
+    assert "not an operator token" in (await alert.text_content() or "")
+    assert await page.locator("#app").is_hidden()
+    assert await page.get_by_label("Operator token").input_value() == ""  # not kept
+    cookies = await page.context.cookies()
+    assert cookies == []
+    await console.screenshot("login-refused")
+    assert console.problems == []

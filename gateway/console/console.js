@@ -11,7 +11,7 @@
   const MAX_ROWS = 500;
   const REFRESH_MS = 5000;
   const ATTRS = new Set(["id", "type", "title", "value", "maxlength", "autocomplete",
-    "aria-label", "aria-describedby", "for", "scope", "datetime"]);
+    "aria-label", "aria-describedby", "aria-live", "for", "scope", "datetime"]);
 
   const state = {
     who: null,
@@ -315,13 +315,20 @@
     if (call.run) bump("run", call.run, call, denied);
   }
 
-  function bump(kind, name, call, denied) {
+  // An agent or run the page has seen: in an ended call, a call in flight or a held call.
+  function subjectOf(kind, name) {
     const key = `${kind}:${name}`;
     let subject = state.subjects.get(key);
     if (!subject) {
       subject = { kind, name, calls: 0, refused: 0, last: "", lastSeq: 0, status: "", row: null };
       state.subjects.set(key, subject);
+      renderSubject(subject);
     }
+    return subject;
+  }
+
+  function bump(kind, name, call, denied) {
+    const subject = subjectOf(kind, name);
     subject.calls += 1;
     if (denied) subject.refused += 1;
     if (call.seq > subject.lastSeq) {
@@ -445,6 +452,10 @@
   }
 
   function renderInflight(calls) {
+    for (const call of calls) {
+      if (call.agent) subjectOf("agent", call.agent);
+      if (call.run) subjectOf("run", call.run);
+    }
     const rows = calls.map((call) => el("tr", {},
       el("td", { text: text(call.agent) }),
       el("td", { text: text(call.run) }),

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -62,6 +63,8 @@ from gateway.events import EventHub, Filters, Subscription, sse
 from gateway.operators import Operator, OperatorBook
 from gateway.secret_files import check_secret_file
 from gateway.state.base import StateStore
+
+log = logging.getLogger("capgate.admin")
 
 HEARTBEAT_S = 15.0
 MAX_LIMIT = 1000
@@ -274,6 +277,7 @@ async def _stop(request: web.Request) -> web.Response:
         await console.state.revoke(kind, value)
     except StateUnavailable as exc:  # applied here; not recorded for the other gateways
         return problem(503, "state_unavailable", f"stopped at this gateway only: {exc.detail}")
+    log.warning("operator %r stopped %s %r: %s", by, kind, value, note or "(no reason given)")
     event = {"type": "operator", "action": "stop", kind: value, "operator": by}
     if note:
         event["note"] = note

@@ -249,9 +249,13 @@
     return match ? match[1] : iso;
   }
 
-  function callCell(method, path) {
-    return el("td", { class: "call" }, el("span", { class: "method", text: method }), " ",
+  function callCell(method, path, mcp) {
+    const cell = el("td", { class: "call" }, el("span", { class: "method", text: method }), " ",
       el("code", { text: path }));
+    if (mcp && typeof mcp.method === "string") {
+      cell.append(el("div", { class: "muted small" }, `${mcp.method} `, el("code", { text: mcp.name || "" })));
+    }
+    return cell;
   }
 
   function decisionBadge(decision) {
@@ -275,7 +279,7 @@
       el("td", { class: "time" }, el("time", { datetime: call.time, text: clock(call.time) })),
       el("td", { text: text(call.agent) }),
       el("td", { text: text(call.run) }),
-      callCell(call.method, call.path),
+      callCell(call.method, call.path, call.mcp),
       el("td", { text: text(call.rule) }),
       el("td", {}, decisionBadge(call.decision)),
       reason,
@@ -283,7 +287,8 @@
       el("td", { class: "num", text: typeof call.duration_ms === "number" ? call.duration_ms.toFixed(1) : "—" }),
     );
     row.dataset.seq = String(call.seq);
-    row.dataset.search = [call.agent, call.run, call.path, call.rule, call.reason, call.method]
+    row.dataset.search = [call.agent, call.run, call.path, call.rule, call.reason, call.method,
+      call.mcp && call.mcp.name]
       .filter(Boolean).join(" ").toLowerCase();
     applyFilter(row);
     const body = $("calls");

@@ -439,3 +439,28 @@ async def test_stop_refuses_the_next_call_and_needs_the_admin_role(
     assert resp.status == 200 and (await resp.json())["run"] == "run-7"
     assert (await setup.client.get("/echo/echo/f", headers=run)).status == 401
     assert (await setup.client.get("/echo/echo/g", headers=agent(workspace))).status == 200
+
+
+async def test_an_approver_sees_the_held_body_with_its_secrets_masked(
+    setup: ConsoleSetup, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    body = (
+        b'{"deploy": "web", "password": "hunter2-hunter2", '
+        b'"callback": "https://bob:s3cret@hooks.example/x?api_key=k-123456", "note": "<b>hi</b>"}'
+    )
+    headers = {**agent(workspace), "Content-Type": "application/json"}
+    call = asyncio.ensure_future(setup.client.post("/echo/echo/post", data=body, headers=headers))
+    for _ in range(500):
+        if setup.gw.approvals.pending():
+            break
+        await asyncio.sleep(0.01)
+    resp = await setup.admin.get("/approvals", headers=operators.auth("alice"))
+    [pending] = (await resp.json())["pending"]
+    shown = pending["body"]
+    for secret in ("hunter2", "s3cret", "k-123456"):
+        assert secret not in shown
+    assert '"deploy": "web"' in shown and "<b>hi</b>" in shown and "[redacted:key]" in shown
+    setup.gw.approvals.decide(pending["id"], True, by="alice")
+    assert (await call).status == 200
+    [seen] = mocks.requests("echo")
+    assert seen["body"].encode() == body  # masked for the eye only; every byte went on

@@ -283,6 +283,12 @@ async def test_stop_refuses_the_agents_next_call(
     assert (await setup.client.get("/echo/echo/before", headers=doomed)).status == 200
     stop = page.get_by_role("button", name="Stop agent other-bot")
     await stop.wait_for(timeout=2000)
+    # Escape leaves the confirmation without doing anything.
+    await stop.click()
+    await page.get_by_role("dialog").wait_for()
+    await page.keyboard.press("Escape")
+    await page.get_by_role("dialog").wait_for(state="hidden")
+    assert (await setup.client.get("/echo/echo/still", headers=doomed)).status == 200
     await stop.click()
     dialog = page.get_by_role("dialog")
     await dialog.get_by_label("Reason").fill("leaking data")
@@ -350,4 +356,32 @@ async def test_a_wrong_token_is_refused_clearly(browser: Any, setup: ConsoleSetu
     cookies = await page.context.cookies()
     assert cookies == []
     await console.screenshot("login-refused")
+    assert console.problems == []
+
+
+async def test_the_keyboard_alone_logs_in_and_denies_with_a_reason(
+    browser: Any, setup: ConsoleSetup, operators: Operators, hold: Held
+) -> None:
+    console = await open_console(browser, setup, None)
+    page = console.page
+    assert await page.evaluate("document.activeElement.id") == "token"  # focus starts there
+    await page.keyboard.type(operators.tokens["alice"])
+    await page.keyboard.press("Enter")
+    await page.locator("#live.on").wait_for(timeout=5000)
+    held = await hold(b"rm -rf /")
+    card = page.locator("#approvals li")
+    await card.wait_for(timeout=2000)
+    await card.get_by_label("Reason").focus()
+    await page.keyboard.type("not during the freeze")
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.textContent") == "Approve"
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.textContent") == "Deny"
+    await page.keyboard.press("Enter")
+    status, answer = await asyncio.wait_for(held, 5)
+    problem = json.loads(answer)
+    assert (status, problem["reason"]) == (403, "approval_denied")
+    assert "not during the freeze" in problem["detail"]
+    await page.get_by_text("Denied: POST /echo/echo/post (tester).").wait_for(timeout=2000)
+    await console.screenshot("keyboard-denied")
     assert console.problems == []

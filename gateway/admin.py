@@ -56,6 +56,7 @@ from gateway.admin_console import (
     console_session,
     identify,
     install_console,
+    still_allowed,
 )
 from gateway.approvals import Approvals
 from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
@@ -220,12 +221,17 @@ async def _stream(request: web.Request, sub: Subscription) -> web.StreamResponse
     )
     await response.prepare(request)
     await response.write(b": capgate events\n\n")
+    book = request.app[OPERATORS]
     while True:
         try:
             event = await asyncio.wait_for(sub.queue.get(), HEARTBEAT_S)
         except TimeoutError:
+            if not still_allowed(request, book):  # logged out, expired or removed
+                return response
             await response.write(b": keepalive\n\n")
             continue
+        if not still_allowed(request, book):
+            return response
         await response.write(sse(event))
         if event["type"] == "lagged":
             return response

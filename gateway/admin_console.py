@@ -55,6 +55,7 @@ SESSION_TTL = 8 * 3600.0
 MAX_SESSIONS = 256
 MAX_TOKEN = 256
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+RECHECK_S = 5.0  # how often an open event stream checks that its operator may still see it
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -141,6 +142,9 @@ class Sessions:
             return None
         return session
 
+    def alive(self, session: Session) -> bool:
+        return self._sessions.get(session.key) is session and session.expires > self.clock()
+
     def close(self, session: Session) -> None:
         self._sessions.pop(session.key, None)
 
@@ -151,6 +155,7 @@ class Sessions:
 SESSIONS: web.AppKey[Sessions] = web.AppKey("console_sessions", Sessions)
 SESSION: web.RequestKey[Session] = web.RequestKey("console_session", Session)
 WHO: web.RequestKey[Operator] = web.RequestKey("console_operator", Operator)
+CHECKED: web.RequestKey[float] = web.RequestKey("console_checked", float)
 
 
 def _cross_site(request: web.Request) -> str | None:
@@ -194,6 +199,24 @@ def identify(request: web.Request, book: OperatorBook) -> Operator | None:
     request[SESSION] = session
     request[WHO] = operator
     return operator
+
+
+def still_allowed(request: web.Request, book: OperatorBook) -> bool:
+    """Whether a long request (the event stream) may go on: its session still open and its
+    operator still listed, or its Bearer token still an operator's. Checked at most every
+    ``RECHECK_S``, so logging out, a session's end or an operator's removal closes the
+    streams it opened."""
+    now = time.monotonic()
+    if now - request.get(CHECKED, 0.0) < RECHECK_S:
+        return True
+    request[CHECKED] = now
+    authorization = request.headers.get("Authorization")
+    if authorization is not None:
+        return book.authenticate(authorization) is not None
+    session = request.get(SESSION)
+    if session is None:
+        return False
+    return request.app[SESSIONS].alive(session) and book.by_digest(session.digest) is not None
 
 
 # --- handlers -------------------------------------------------------------------------------

@@ -464,3 +464,22 @@ async def test_an_approver_sees_the_held_body_with_its_secrets_masked(
     assert (await call).status == 200
     [seen] = mocks.requests("echo")
     assert seen["body"].encode() == body  # masked for the eye only; every byte went on
+
+
+async def test_logging_out_closes_the_event_streams_of_the_session(
+    setup: ConsoleSetup, operators: Operators, workspace: Workspace, monkeypatch: Any
+) -> None:
+    from gateway import admin_console
+
+    monkeypatch.setattr(admin_console, "RECHECK_S", 0.0)
+    browser = await login(setup, operators.tokens["vera"])
+    stream = await setup.admin.get("/events", headers=browser.headers(None))
+    assert stream.status == 200
+    await stream.content.readuntil(b"\n\n")
+    await setup.client.get("/echo/echo/seen", headers=agent(workspace))
+    assert b"/echo/echo/seen" in await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 2)
+    assert (await browser.post("/console/logout")).status == 200
+    await setup.client.get("/echo/echo/unseen", headers=agent(workspace))
+    rest = await asyncio.wait_for(stream.content.read(), 2)  # the stream ends, unsent
+    assert b"unseen" not in rest
+    stream.close()

@@ -20,13 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ApprovalDenied, ApprovalTimeout
-from gateway.recording.redact import DEFAULT_REDACTOR
 from gateway.shares import Shares
 
 MAX_PENDING = 1000
 MAX_REASON = 500  # characters of an operator's note on a decision
 BODY_PREVIEW = 4096
-REDACT_INLINE = 64 * 1024  # bytes of a held body masked on the event loop; more in a thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +143,7 @@ class Approvals:
         now = time.time()
         preview = None
         if body:
-            # SECURITY: an approver sees what the agent sends, not the secrets in it: values
-            # under sensitive keys, token shapes and URL credentials are masked as in a
-            # recording (gateway/recording/redact.py); the upstream still gets every byte.
-            # Off the event loop when large: about 0.6 s per MiB of JSON.
-            if len(body) > REDACT_INLINE:
-                masked = (await asyncio.to_thread(DEFAULT_REDACTOR.body, body)).data
-            else:
-                masked = DEFAULT_REDACTOR.body(body).data
-            preview = masked[:BODY_PREVIEW].decode("utf-8", "replace")
+            preview = body[:BODY_PREVIEW].decode("utf-8", "replace")
         pending = Pending(
             id=approval_id,
             agent=agent,

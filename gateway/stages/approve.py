@@ -8,6 +8,9 @@ from collections.abc import Awaitable
 from gateway.approvals import Approvals
 from gateway.call import Call
 from gateway.inflight import InFlight
+from gateway.recording.redact import DEFAULT_REDACTOR
+
+REDACT_INLINE = 64 * 1024  # bytes of a held body masked on the event loop; more in a thread
 
 
 class Approve:
@@ -36,6 +39,20 @@ class Approve:
             rule=", ".join(dict.fromkeys(held)),
             method=call.method,
             target=call.raw_target.partition("?")[0],
-            body=call.body,
+            body=await _masked(call.body),
         )
         call.approved_by = decision.by
+
+
+async def _masked(body: bytes | None) -> bytes | None:
+    """The body as an approver is shown it (``GET /approvals``, the console).
+
+    SECURITY: an approver sees what the agent sends, not the secrets in it: values under
+    sensitive keys, token shapes and URL credentials are masked as in a recording
+    (``gateway/recording/redact.py``); the upstream still gets every byte. About 0.6 s per
+    MiB of JSON, so a large body is masked off the event loop."""
+    if not body:
+        return body
+    if len(body) > REDACT_INLINE:
+        return (await asyncio.to_thread(DEFAULT_REDACTOR.body, body)).data
+    return DEFAULT_REDACTOR.body(body).data

@@ -327,10 +327,10 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/openapi.json", _openapi, None),
     ("GET", "/console", console_redirect, None),
     ("GET", "/console/", console_page, None),
-    ("GET", "/console/{file}", console_file, None),
     ("POST", "/console/login", console_login, None),
     ("GET", "/console/session", console_session, "viewer"),
     ("POST", "/console/logout", console_logout, "viewer"),
+    ("GET", "/console/{file}", console_file, None),  # after the fixed paths it must not hide
     ("GET", "/whoami", _whoami, "viewer"),
     ("GET", "/health", _health, "viewer"),
     ("GET", "/calls", _calls, "viewer"),

@@ -526,7 +526,7 @@
     } else {
       const shown = item.body.length >= 4096 ? " (the first 4 KiB)" : "";
       body = el("details", { class: "body" },
-        el("summary", { text: `Body${shown}: ${item.body.length} characters` }),
+        el("summary", { text: `Body${shown}, secret-looking values masked: ${item.body.length} characters` }),
         el("pre", { text: item.body }));
       body.open = true;
     }
@@ -567,7 +567,7 @@
     approve.addEventListener("click", () => decide("approve"));
     deny.addEventListener("click", () => decide("deny"));
     return el("div", { class: "decide" },
-      el("label", { for: inputId, text: "Reason (recorded with your name)" }), input,
+      el("label", { for: inputId, text: "Reason (goes with your decision; the agent sees a denial's reason)" }), input,
       el("div", { class: "actions" }, approve, deny), result);
   }
 

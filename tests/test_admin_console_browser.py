@@ -210,6 +210,17 @@ async def test_hostile_paths_tool_names_and_bodies_render_as_text(
             "Accept": "application/json, text/event-stream",
         },
     )
+    # The same markup unencoded in the request line, as a hostile client may send it.
+    host, port = setup.client.host, setup.client.port
+    reader, writer = await asyncio.open_connection(host, port)
+    auth = agent(workspace)["Authorization"]
+    writer.write(
+        b"GET /echo/echo/<img/src=x/onerror=window.__pwned=6> HTTP/1.1\r\n"
+        + f"Host: {host}\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n".encode()
+    )
+    await writer.drain()
+    raw_answer = await reader.read()
+    writer.close()
     held = await hold(HOSTILE_BODY.encode())
     await page.locator("#calls tr", has_text="onerror").first.wait_for(timeout=2000)
     await page.locator("#calls tr", has_text="/tools/mcp").wait_for(timeout=2000)
@@ -224,6 +235,8 @@ async def test_hostile_paths_tool_names_and_bodies_render_as_text(
     assert await page.evaluate("window.__pwned") is None
     paths = await page.locator("#calls code").all_text_contents()
     assert any("onerror" in p for p in paths), paths
+    assert raw_answer.startswith(b"HTTP/1.1 400 ")  # target_ambiguous, and audited as sent
+    assert "/echo/echo/<img/src=x/onerror=window.__pwned=6>" in paths
     await console.screenshot("hostile-text")
     assert console.problems == []
     await hold.release()

@@ -317,6 +317,7 @@ async def test_stop_refuses_the_agents_next_call(
     await refused.wait_for(timeout=2000)
     assert "token_revoked" in (await refused.text_content() or "")
     await page.locator("#subjects tr", has_text="other-bot").get_by_text("stopped").wait_for()
+    await page.locator("#reasons tr", has_text="token_revoked").wait_for(timeout=2000)
     await console.screenshot("stopped")
     assert console.problems == []
 

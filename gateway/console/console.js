@@ -20,6 +20,7 @@
     rows: new Map(), // seq -> <tr> of the recent calls table
     subjects: new Map(), // "agent:NAME" | "run:NAME" -> facts
     approvals: new Map(), // id -> {card, deadline, countdown}
+    offered: { agent: new Set(), run: new Set() }, // actions the admin API has, per kind
     refreshTimer: null,
     tick: null,
     poll: null,
@@ -134,7 +135,7 @@
       return;
     }
     try {
-      enter(await api("POST", "/console/login", { token }));
+      await enter(await api("POST", "/console/login", { token }));
     } catch (err) {
       showLogin(err.status === 401
         ? "That token is not an operator token of this gateway. Check it and try again."
@@ -151,7 +152,31 @@
     sessionEnded("You are logged out.");
   }
 
-  function enter(session) {
+  // Which of pause, resume and stop this gateway offers, per kind, as its OpenAPI document
+  // says: a button is shown only for an action the admin API has.
+  async function loadActions() {
+    const offered = { agent: new Set(), run: new Set() };
+    try {
+      const doc = await api("GET", "/openapi.json");
+      for (const [path, ops] of Object.entries(doc.paths || {})) {
+        if (!ops || !ops.post) continue;
+        for (const kind of ["agent", "run"]) {
+          const prefix = `/${kind}s/{${kind}}/`;
+          if (!path.startsWith(prefix)) continue;
+          const last = path.slice(prefix.length);
+          const verbs = last.startsWith("{") ? JSON.stringify(ops.post.parameters || []) : `"${last}"`;
+          for (const verb of ["pause", "resume", "stop"]) {
+            if (verbs.includes(`"${verb}"`)) offered[kind].add(verb);
+          }
+        }
+      }
+    } catch (err) {
+      for (const kind of ["agent", "run"]) ["pause", "resume", "stop"].forEach((v) => offered[kind].add(v));
+    }
+    state.offered = offered;
+  }
+
+  async function enter(session) {
     state.who = { name: session.name, role: session.role };
     state.csrf = session.csrf;
     document.body.dataset.role = session.role;
@@ -163,9 +188,11 @@
     $("who-role").textContent = session.role;
     $("actions-head").hidden = !may("admin");
     $("admin-hint").textContent = may("admin")
-      ? "Pause, resume and stop act on every gateway sharing the state store."
+      ? "Stopping (and pausing, where offered) acts on every gateway sharing the state store."
       : "Pausing and stopping need the admin role.";
     notice("");
+    await loadActions();
+    if (state.who === null) return; // logged out meanwhile
     openStream();
     loadCalls();
     refresh();
@@ -387,7 +414,10 @@
       button.addEventListener("click", () => confirmAction(subject, verb, title));
       return button;
     };
-    return [make("pause", "Pause", "quiet"), make("resume", "Resume", "quiet"), make("stop", "Stop", "danger")];
+    const offered = state.offered[subject.kind];
+    const buttons = [["pause", "Pause", "quiet"], ["resume", "Resume", "quiet"], ["stop", "Stop", "danger"]]
+      .filter(([verb]) => offered.has(verb)).map(([verb, title, cls]) => make(verb, title, cls));
+    return buttons.length ? buttons : [el("span", { class: "muted", text: "none offered" })];
   }
 
   const EXPLAIN = {
@@ -588,7 +618,7 @@
       for (const row of state.rows.values()) applyFilter(row);
     });
     try {
-      enter(await api("GET", "/console/session"));
+      await enter(await api("GET", "/console/session"));
     } catch (err) {
       showLogin(err.status === 401 ? "" : `The admin API cannot be reached: ${describeError(err)}`);
     }

@@ -21,6 +21,12 @@ cookie. With the cookie, a state-changing request must carry the session's CSRF 
 anything but ``same-origin`` (when the browser sends them). ``EventSource`` cannot send
 headers: it uses the cookie, on a GET, which changes nothing.
 
+Cookies are kept per host, not per port: another service on the same host name that an
+operator's browser visits receives the session cookie too (it still cannot change anything
+without the CSRF token, and the Origin check names the port). Give the admin listener a host
+name of its own, or reach it through an SSH tunnel, rather than sharing a host name with
+services you do not trust.
+
 Every answer of the admin listener (page, API, event stream, refusal) carries a strict
 Content-Security-Policy (scripts, styles and connections from the listener itself only; no
 inline script or style; no framing), ``X-Content-Type-Options: nosniff`` and

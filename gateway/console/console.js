@@ -119,7 +119,7 @@
   }
 
   function sessionEnded(message) {
-    stop();
+    teardown();
     state.who = null;
     state.csrf = null;
     showLogin(message);
@@ -200,7 +200,7 @@
     state.poll = setInterval(refresh, REFRESH_MS);
   }
 
-  function stop() {
+  function teardown() {
     if (state.source) state.source.close();
     state.source = null;
     clearInterval(state.tick);

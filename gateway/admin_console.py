@@ -197,7 +197,7 @@ def identify(request: web.Request, book: OperatorBook) -> Operator | None:
         why = _cross_site(request)
         if why is not None:
             raise Refused(403, "cross_site_refused", why)
-        presented = request.headers.get(CSRF_HEADER, "").encode()
+        presented = request.headers.get(CSRF_HEADER, "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(presented, session.csrf.encode()):
             raise Refused(
                 403, "csrf_token_invalid", f"a console request must carry its {CSRF_HEADER}"
@@ -268,7 +268,8 @@ async def console_login(request: web.Request) -> web.Response:
         raise Refused(403, "cross_site_refused", why)
     token = await _login_token(request)
     book: OperatorBook = request.app[BOOK]
-    operator = book.authenticate("Bearer " + token) if 0 < len(token) <= MAX_TOKEN else None
+    usable = 0 < len(token) <= MAX_TOKEN and token.isascii() and token.isprintable()
+    operator = book.authenticate("Bearer " + token) if usable else None
     if operator is None:
         raise Refused(401, "operator_unauthenticated", "this is not an operator token")
     sessions = request.app[SESSIONS]

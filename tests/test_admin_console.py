@@ -483,3 +483,30 @@ async def test_logging_out_closes_the_event_streams_of_the_session(
     rest = await asyncio.wait_for(stream.content.read(), 2)  # the stream ends, unsent
     assert b"unseen" not in rest
     stream.close()
+
+
+def test_a_token_of_undecodable_bytes_is_no_operator_and_no_error(operators: Operators) -> None:
+    from gateway.operators import OperatorBook
+
+    book = OperatorBook(operators.file, admin_token=b"legacy-admin-token-0123456789")
+    assert book.authenticate("Bearer \udcff\udcfe") is None  # how aiohttp hands bytes 0xff 0xfe
+    assert book.authenticate("Bearer legacy-admin-token-0123456789") is not None
+
+
+async def test_undecodable_bytes_in_a_login_or_csrf_header_are_refused_not_an_error(
+    setup: ConsoleSetup, operators: Operators
+) -> None:
+    browser = await login(setup, operators.tokens["root"])
+    resp = await setup.admin.post("/console/login", json={"token": "cgo_\udcff\ud800"})
+    assert resp.status == 401
+    reader, writer = await asyncio.open_connection(setup.admin.host, setup.admin.port)
+    writer.write(
+        b"POST /agents/x/stop HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\nConnection: close\r\n"
+        + f"Cookie: capgate_session={browser.cookie}\r\n".encode()
+        + b"X-CSRF-Token: \xff\xfe\r\n\r\n"
+    )
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 403 "), answer[:100]
+    assert b"csrf_token_invalid" in answer

@@ -233,7 +233,10 @@ def _page(summary: str) -> dict[str, Any]:
             {
                 "200": {
                     "description": "a static file of the console (it holds no data)",
-                    "content": {"text/html": {"schema": {"type": "string"}}},
+                    "content": {
+                        kind: {"schema": {"type": "string"}}
+                        for kind in ("text/html", "text/css", "text/javascript")
+                    },
                 },
                 "404": _problem("admin_not_found"),
             },

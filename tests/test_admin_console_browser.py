@@ -399,3 +399,24 @@ async def test_the_keyboard_alone_logs_in_and_denies_with_a_reason(
     await page.get_by_text("Denied: POST /echo/echo/post (tester).").wait_for(timeout=2000)
     await console.screenshot("keyboard-denied")
     assert console.problems == []
+
+
+async def test_the_console_fits_a_narrow_screen_in_dark_mode(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace
+) -> None:
+    context = await browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    console = Console(await context.new_page())
+    page = console.page
+    await page.goto(setup.url + "/console/")
+    await page.get_by_label("Operator token").fill(operators.tokens["root"])
+    await page.get_by_label("Operator token").press("Enter")
+    await page.locator("#live.on").wait_for(timeout=5000)
+    await setup.client.get("/echo/echo/" + "long-name-" * 3, headers=agent(workspace))
+    await page.locator("#calls tr").first.wait_for(timeout=2000)
+    # The page itself never scrolls sideways; a wide table scrolls inside its card.
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    background = await page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(18, 22, 27)"  # the dark palette
+    await console.screenshot("narrow-dark")
+    assert console.problems == []

@@ -8,11 +8,16 @@
     GET  /stats                      decisions since start, by reason          viewer
     GET  /events                     server-sent events, live (filters)        viewer
     GET  /approvals                  calls held for approval                   viewer
+    GET  /taint?run=R | ?jti=J       whether a run (or token) read untrusted content   viewer
     POST /approvals/{id}/approve     let the held call go on                   approver
     POST /approvals/{id}/deny        end it with approval_denied               approver
+    GET  /pauses                     agents and runs paused now                viewer
+    GET  /stops                      agents and runs stopped (revoked), by whom  viewer
+    POST /agents/{agent}/pause       hold an agent's new calls (resume, or ``until``)  admin
+    POST /agents/{agent}/resume      let them go on                            admin
+    POST /agents/{agent}/stop        revoke the agent, cut its calls in flight admin
+    POST /runs/{run}/pause|resume|stop  the same for one run               admin
     GET  /operators                  operator names and roles                  admin
-    POST /agents/{agent}/stop        revoke an agent: refuse its calls from now admin
-    POST /runs/{run}/stop            revoke a run: refuse its calls from now    admin
     GET  /console/...                the web console (``gateway/admin_console.py``)
 
 Every request but ``/openapi.json`` and the console's page and login carries
@@ -20,13 +25,14 @@ Every request but ``/openapi.json`` and the console's page and login carries
 token on a state-changing request: ``gateway/admin_console.py``); the operator it names
 (``gateway/operators.py``) must hold the route's role. The operator's name is recorded with
 what they do (an approval's audit line says who approved it). Filters are exact matches:
-``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval|operator); ``/calls``
-also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are problem+json with
-a stable ``reason``: ``operator_unauthenticated`` (401), ``operator_forbidden`` (403),
-``cross_site_refused`` and ``csrf_token_invalid`` (403, a console session used from another
-site or without its CSRF token), ``approval_not_found`` (404), ``admin_request_invalid``
-(400), ``concurrency_limited`` (429, too many event streams), ``state_unavailable`` (503, a
-stop applied at this gateway only).
+``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval|operator|taint);
+``/calls`` also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are
+problem+json with a stable ``reason``: ``operator_unauthenticated`` (401),
+``operator_forbidden`` (403), ``cross_site_refused`` and ``csrf_token_invalid`` (403, a
+console session used from another site or without its CSRF token), ``approval_not_found``
+(404), ``approval_mismatch`` (409: the decision named another body digest than the held
+call's), ``admin_request_invalid`` (400), ``concurrency_limited`` (429, too many event
+streams).
 
 What the API shows is built from the closed audit record: no body, query value, header
 value, SQL text or tool argument; agent-chosen names (paths) are data to be escaped by
@@ -37,11 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -63,9 +69,7 @@ from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
 from gateway.events import EventHub, Filters, Subscription, sse
 from gateway.operators import Operator, OperatorBook
 from gateway.secret_files import check_secret_file
-from gateway.state.base import StateStore
-
-log = logging.getLogger("capgate.admin")
+from gateway.state.base import PauseKind, StateStore
 
 HEARTBEAT_S = 15.0
 MAX_LIMIT = 1000
@@ -78,11 +82,23 @@ class Console(Protocol):
 
     approvals: Approvals
     events: EventHub
-    state: StateStore
 
     def inflight_calls(self) -> list[dict[str, Any]]: ...
 
     def health_report(self) -> Awaitable[tuple[int, dict[str, Any]]]: ...
+
+    def taint_report(self, key: str) -> Awaitable[dict[str, Any]]: ...
+
+    def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> Awaitable[None]: ...
+
+    def resume(self, kind: PauseKind, value: str, *, by: str) -> Awaitable[bool]: ...
+
+    def stop(self, kind: PauseKind, value: str, *, by: str, reason: str) -> Awaitable[int]: ...
+
+    @property
+    def state(self) -> StateStore: ...
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console")
@@ -159,8 +175,8 @@ def _filters(request: web.Request) -> Filters:
     if decision not in (None, "", "allow", "deny"):
         raise _invalid(f"decision must be allow or deny, not {decision!r}")
     kind = request.query.get("type")
-    if kind not in (None, "", "call", "approval", "operator"):
-        raise _invalid(f"type must be call, approval or operator, not {kind!r}")
+    if kind not in (None, "", "call", "approval", "operator", "taint"):
+        raise _invalid(f"type must be call, approval, operator or taint, not {kind!r}")
     return Filters.of(request.query)
 
 
@@ -237,58 +253,124 @@ async def _stream(request: web.Request, sub: Subscription) -> web.StreamResponse
             return response
 
 
+async def _taint(request: web.Request) -> web.Response:
+    run, jti = request.query.get("run"), request.query.get("jti")
+    if (run is None) == (jti is None) or not (run or jti) or len(run or jti or "") > MAX_FILTER:
+        raise _invalid("give one of run or jti")
+    key = run if run is not None else f"jti:{jti}"
+    return web.json_response(await request.app[CONSOLE].taint_report(key))
+
+
 async def _approvals(request: web.Request) -> web.Response:
-    return web.json_response({"pending": request.app[CONSOLE].approvals.pending()})
+    return web.json_response({"pending": await request.app[CONSOLE].approvals.pending()})
 
 
 async def _decide(request: web.Request) -> web.Response:
     approval_id = request.match_info["id"]
     approve = request.match_info["verb"] == "approve"
-    note = await _note(request)
+    note, digest = await _decision_body(request)
     by = _operator(request).name
-    if not request.app[CONSOLE].approvals.decide(approval_id, approve, by=by, reason=note):
+    outcome = await request.app[CONSOLE].approvals.decide(
+        approval_id, approve, by=by, reason=note, body_sha256=digest
+    )
+    if outcome == "not_found":
         return problem(404, "approval_not_found", f"no pending approval {approval_id!r}")
+    if outcome == "mismatch":
+        return problem(
+            409,
+            "approval_mismatch",
+            f"approval {approval_id!r} holds a call with another body than the one decided "
+            "on; nothing was decided",
+        )
     return web.json_response(
         {"id": approval_id, "decision": "approved" if approve else "denied", "by": by}
     )
 
 
-async def _note(request: web.Request) -> str:
-    """The optional ``{"reason": "..."}`` of a state-changing request."""
+async def _json_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
+    """The optional JSON object of a state-changing request, with only ``allowed`` keys."""
     if not request.can_read_body:
-        return ""
+        return {}
     if request.content_type != "application/json":
         raise _invalid("a request body must be application/json")
     try:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError):
         raise _invalid("the request body is not JSON") from None
-    if not isinstance(body, dict) or set(body) - {"reason"}:
-        raise _invalid('expected {"reason": "..."}')
+    if not isinstance(body, dict) or set(body) - allowed:
+        raise _invalid(f"expected a JSON object with only {sorted(allowed)}")
     reason = body.get("reason", "")
     if not isinstance(reason, str) or len(reason) > MAX_REASON:
         raise _invalid(f"reason must be a string of at most {MAX_REASON} characters")
-    return reason
+    return body
 
 
-async def _stop(request: web.Request) -> web.Response:
-    """Revoke an agent or a run: its calls in flight are cut, its next calls refused
-    (``token_revoked``), on every gateway sharing the state store."""
-    kind: Literal["agent", "run"] = "agent" if "agent" in request.match_info else "run"
-    value = request.match_info[kind]
-    note = await _note(request)
+_DECISION_KEYS = frozenset({"reason", "body_sha256"})
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+async def _decision_body(request: web.Request) -> tuple[str, str | None]:
+    """``{"reason": "...", "body_sha256": "<the digest the approver saw>"}``, both optional."""
+    body = await _json_body(request, _DECISION_KEYS)
+    digest = body.get("body_sha256")
+    if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise _invalid("body_sha256 must be 64 lower-case hex digits")
+    return str(body.get("reason", "")), digest
+
+
+_ACT_KEYS = frozenset({"reason", "for_s"})
+MAX_HOLD_S = 7 * 24 * 3600
+
+
+async def _act(request: web.Request) -> web.Response:
+    """Pause, resume or stop an agent or a run, as the operator the credentials name."""
+    kind: PauseKind = "agent" if request.path.startswith("/agents/") else "run"
+    value = request.match_info["name"]
+    verb = request.match_info["verb"]
+    body = await _json_body(request, _ACT_KEYS)
+    reason = str(body.get("reason", ""))
     by = _operator(request).name
     console = request.app[CONSOLE]
+    answer: dict[str, Any] = {"kind": kind, "value": value, "action": verb, "by": by}
     try:
-        await console.state.revoke(kind, value)
-    except StateUnavailable as exc:  # applied here; not recorded for the other gateways
-        return problem(503, "state_unavailable", f"stopped at this gateway only: {exc.detail}")
-    log.warning("operator %r stopped %s %r: %s", by, kind, value, note or "(no reason given)")
-    event = {"type": "operator", "action": "stop", kind: value, "operator": by}
-    if note:
-        event["note"] = note
-    console.events.publish(event)
-    return web.json_response({"action": "stop", kind: value, "by": by})
+        if verb == "pause":
+            until = _until(body.get("for_s"))
+            await console.pause(kind, value, until=until, by=by, reason=reason)
+            answer["until"] = until
+        elif verb == "resume":
+            answer["was_paused"] = await console.resume(kind, value, by=by)
+        else:
+            answer["calls_cut"] = await console.stop(kind, value, by=by, reason=reason)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+    console.events.publish({"type": "operator", **answer, "reason": reason})
+    return web.json_response(answer)
+
+
+def _until(for_s: object) -> float | None:
+    if for_s is None:
+        return None
+    if isinstance(for_s, bool) or not isinstance(for_s, int | float) or not 0 < for_s <= MAX_HOLD_S:
+        raise _invalid(f"for_s must be a number of seconds from 1 to {MAX_HOLD_S}")
+    return time.time() + float(for_s)
+
+
+async def _pauses(request: web.Request) -> web.Response:
+    try:
+        return web.json_response({"pauses": request.app[CONSOLE].state.pauses()})
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+
+
+async def _stops(request: web.Request) -> web.Response:
+    try:
+        found = request.app[CONSOLE].state.revocations()
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+    stops = [r for r in found if r.get("kind") in ("agent", "run")]
+    return web.json_response({"stops": stops})
 
 
 async def _operators(request: web.Request) -> web.Response:
@@ -338,10 +420,13 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/stats", _stats, "viewer"),
     ("GET", "/events", _events, "viewer"),
     ("GET", "/approvals", _approvals, "viewer"),
+    ("GET", "/taint", _taint, "viewer"),
     ("POST", "/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide, "approver"),
+    ("GET", "/pauses", _pauses, "viewer"),
+    ("GET", "/stops", _stops, "viewer"),
+    ("POST", "/agents/{name}/{verb:pause|resume|stop}", _act, "admin"),
+    ("POST", "/runs/{name}/{verb:pause|resume|stop}", _act, "admin"),
     ("GET", "/operators", _operators, "admin"),
-    ("POST", "/agents/{agent}/stop", _stop, "admin"),
-    ("POST", "/runs/{run}/stop", _stop, "admin"),
 )
 
 

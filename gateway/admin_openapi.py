@@ -68,16 +68,43 @@ INFLIGHT: dict[str, Any] = {
 
 PENDING: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "agent", "run", "rule", "method", "target", "body", "expires_in_s"],
+    "description": "A held call, as it will be forwarded: the target and body with "
+    "secret-looking values masked, the body's SHA-256 (of the unmasked bytes), the policy "
+    "that judged it and why it waits.",
+    "required": [
+        "id",
+        "agent",
+        "run",
+        "rule",
+        "why",
+        "method",
+        "target",
+        "tools",
+        "body",
+        "body_size",
+        "body_truncated",
+        "body_sha256",
+        "policy",
+        "expires_at",
+        "expires_in_s",
+    ],
+    "additionalProperties": False,
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
         "agent": {"type": "string"},
         "run": _STR_OR_NULL,
         "rule": {"type": "string"},
+        "why": {"type": "string"},
         "method": {"type": "string"},
         "target": {"type": "string"},
+        "tools": {"type": "array", "items": {"type": "string"}},
         "body": _STR_OR_NULL,
+        "body_size": {"type": ["integer", "null"]},
+        "body_truncated": {"type": "boolean"},
+        "body_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+        "policy": {"type": "string"},
         "created": {"type": "number"},
+        "expires_at": {"type": "number"},
         "expires_in_s": {"type": "integer"},
     },
 }
@@ -120,14 +147,16 @@ STATS: dict[str, Any] = {
     },
 }
 
-STOPPED: dict[str, Any] = {
+TAINT: dict[str, Any] = {
     "type": "object",
-    "required": ["action", "by"],
+    "required": ["key", "tainted", "cause"],
     "properties": {
-        "action": {"const": "stop"},
-        "agent": {"type": "string"},
-        "run": {"type": "string"},
-        "by": {"type": "string"},
+        "key": {"type": "string"},
+        "tainted": {"type": "boolean"},
+        "cause": {
+            "type": ["object", "null"],
+            "properties": {"source": {"type": "string"}, "time": {"type": "string"}},
+        },
     },
 }
 
@@ -146,16 +175,17 @@ SESSION: dict[str, Any] = {
     },
 }
 
-_REASON_BODY: dict[str, Any] = {
-    "required": False,
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {"reason": {"type": "string", "maxLength": 500}},
-            }
-        }
+ACTED: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "value", "action", "by"],
+    "properties": {
+        "kind": {"enum": ["agent", "run"]},
+        "value": {"type": "string"},
+        "action": {"enum": ["pause", "resume", "stop"]},
+        "by": {"type": "string"},
+        "until": {"type": ["number", "null"]},
+        "was_paused": {"type": "boolean"},
+        "calls_cut": {"type": "integer"},
     },
 }
 
@@ -191,7 +221,7 @@ _FILTERS = [
     {"name": "agent", "in": "query", "schema": {"type": "string", "maxLength": 256}},
     {"name": "run", "in": "query", "schema": {"type": "string", "maxLength": 256}},
     {"name": "decision", "in": "query", "schema": {"enum": ["allow", "deny"]}},
-    {"name": "type", "in": "query", "schema": {"enum": ["call", "approval", "operator"]}},
+    {"name": "type", "in": "query", "schema": {"enum": ["call", "approval", "operator", "taint"]}},
 ]
 
 
@@ -204,25 +234,6 @@ def _op(summary: str, role: str | None, responses: dict[str, Any], **extra: Any)
         responses.setdefault("401", _problem("operator_unauthenticated"))
         responses.setdefault("403", _problem("operator_forbidden"))
     return op
-
-
-def _stop(kind: str) -> dict[str, Any]:
-    return {
-        "post": _op(
-            f"Stop a {kind}: revoke it, cut its calls in flight, refuse its next calls "
-            "(token_revoked)",
-            "admin",
-            {
-                "200": _json(STOPPED, "stopped"),
-                "400": _problem("admin_request_invalid"),
-                "503": _problem("state_unavailable: stopped at this gateway only"),
-            },
-            parameters=[
-                {"name": kind, "in": "path", "required": True, "schema": {"type": "string"}}
-            ],
-            requestBody=_REASON_BODY,
-        )
-    }
 
 
 def _page(summary: str) -> dict[str, Any]:
@@ -406,6 +417,20 @@ def openapi_document() -> dict[str, Any]:
                     },
                 )
             },
+            "/taint": {
+                "get": _op(
+                    "Whether a run (or a token without a run) read untrusted content, and what",
+                    "viewer",
+                    {
+                        "200": _json(TAINT, "the run's taint"),
+                        "400": _problem("admin_request_invalid"),
+                    },
+                    parameters=[
+                        {"name": "run", "in": "query", "schema": {"type": "string"}},
+                        {"name": "jti", "in": "query", "schema": {"type": "string"}},
+                    ],
+                )
+            },
             "/approvals/{id}/{verb}": {
                 "post": _op(
                     "Approve or deny a held call",
@@ -414,6 +439,7 @@ def openapi_document() -> dict[str, Any]:
                         "200": _json(DECIDED, "decided"),
                         "400": _problem("admin_request_invalid"),
                         "404": _problem("approval_not_found"),
+                        "409": _problem("approval_mismatch"),
                     },
                     parameters=[
                         {
@@ -436,15 +462,119 @@ def openapi_document() -> dict[str, Any]:
                                 "schema": {
                                     "type": "object",
                                     "additionalProperties": False,
-                                    "properties": {"reason": {"type": "string", "maxLength": 500}},
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "body_sha256": {
+                                            "type": "string",
+                                            "pattern": "^[0-9a-f]{64}$",
+                                        },
+                                    },
                                 }
                             }
                         },
                     },
                 )
             },
-            "/agents/{agent}/stop": _stop("agent"),
-            "/runs/{run}/stop": _stop("run"),
+            "/agents/{name}/{verb}": {
+                "post": _op(
+                    "Pause, resume or stop an agent (pause: hold its new calls; stop: revoke it)",
+                    "admin",
+                    {
+                        "200": _json(ACTED, "done"),
+                        "400": _problem("admin_request_invalid"),
+                        "503": _problem("state_unavailable: the store could not record it"),
+                    },
+                    parameters=[
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "verb",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"enum": ["pause", "resume", "stop"]},
+                        },
+                    ],
+                    requestBody={
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "for_s": {"type": "number", "minimum": 1},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/runs/{name}/{verb}": {
+                "post": _op(
+                    "Pause, resume or stop a run",
+                    "admin",
+                    {
+                        "200": _json(ACTED, "done"),
+                        "400": _problem("admin_request_invalid"),
+                        "503": _problem("state_unavailable: the store could not record it"),
+                    },
+                    parameters=[
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "verb",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"enum": ["pause", "resume", "stop"]},
+                        },
+                    ],
+                    requestBody={
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "reason": {"type": "string", "maxLength": 500},
+                                        "for_s": {"type": "number", "minimum": 1},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/pauses": {
+                "get": _op(
+                    "Agents and runs paused now",
+                    "viewer",
+                    {
+                        "200": _json(_list("pauses", {"type": "object"}), "pauses"),
+                        "503": _problem("state_unavailable"),
+                    },
+                )
+            },
+            "/stops": {
+                "get": _op(
+                    "Agents and runs stopped, with who and why",
+                    "viewer",
+                    {
+                        "200": _json(_list("stops", {"type": "object"}), "stops"),
+                        "503": _problem("state_unavailable"),
+                    },
+                )
+            },
             **_console_paths(),
             "/operators": {
                 "get": _op(

@@ -17,10 +17,11 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -32,7 +33,7 @@ from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
 from gateway.call import CallObserver
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StateUnavailable
 from gateway.events import EventHub
 from gateway.inflight import InFlight
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
@@ -47,12 +48,14 @@ from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.shares import UpstreamShares
 from gateway.stages.audit import audit_record
 from gateway.state import open_store
-from gateway.state.base import StateStore
+from gateway.state.base import PauseKind, StateStore
+from gateway.taint import Taints
 from gateway.telemetry import Telemetry
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
+from gateway.webhook import ApprovalWebhook
 
 log = logging.getLogger("capgate")
 
@@ -131,9 +134,15 @@ class Gateway:
     watch: WatchState = field(default_factory=WatchState)
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
+    webhook: ApprovalWebhook | None = None
+    taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
+    # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
+    _cuts: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    _stopped_by: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.taints = Taints(self.state, self.events.publish)
         self.pipeline = Pipeline(
             Services(
                 policies=self.policies,
@@ -147,6 +156,9 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                taints=self.taints,
+                notify=self.events.publish,
+                pause_hold=self.settings.pause_hold,
             )
         )
 
@@ -175,6 +187,11 @@ class Gateway:
             )
         return out
 
+    async def taint_report(self, key: str) -> dict[str, Any]:
+        """Whether a run (or a token, ``jti:<id>``) read untrusted content, and what."""
+        cause = await self.taints.of(key)
+        return {"key": key, "tainted": cause is not None, "cause": cause}
+
     async def health_report(self) -> tuple[int, dict[str, Any]]:
         """The health check's status and body (agents' port and admin API alike)."""
         state = await self.state.health()
@@ -192,8 +209,87 @@ class Gateway:
                 "refused": dict(self.guard.totals),
             },
             "upstreams_in_flight": self.upstream_shares.snapshot(),
+            "held_by_pause": self.pipeline.pause.held.snapshot(),
         }
+        if self.webhook is not None:
+            body["approval_webhook"] = self.webhook.health()
         return (200 if ok else 503), body
+
+    # --- operators: pause, resume, stop (called by the admin API) -----------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        """Hold the new calls of an agent or a run at every gateway sharing the state store,
+        until ``resume`` or ``until`` (unix time; None: until resumed). Calls already past
+        the pause stage go on. ``ValueError`` on bad arguments, ``StateUnavailable`` when the
+        store could not record it (then nothing is paused)."""
+        await self.state.pause(kind, value, until=until, by=by, reason=reason)
+        log.info(
+            "%s %r paused by %s%s: %s",
+            kind,
+            value,
+            by,
+            "" if until is None else f" for {max(0.0, until - time.time()):.0f} s",
+            reason or "(no reason given)",
+        )
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        """Lift a pause everywhere; its held calls go on. False when it was not paused."""
+        lifted = await self.state.resume(kind, value, by=by)
+        if lifted:
+            log.info("%s %r resumed by %s", kind, value, by)
+        else:
+            log.info("%s %r was not paused (resume asked by %s)", kind, value, by)
+        return lifted
+
+    async def stop(self, kind: Literal["agent", "run"], value: str, *, by: str, reason: str) -> int:
+        """Revoke an agent or a run (forever), recording who and why: its calls in flight here,
+        held by a pause or for approval included, are cut (``token_revoked``), and every
+        gateway sharing the store refuses its tokens. Returns the calls cut at this gateway.
+        ``StateUnavailable`` when the shared write failed: this gateway enforces the stop
+        anyway, and writes it back at its next resync with Redis; stop again to be sure."""
+        if kind not in ("agent", "run"):
+            raise ValueError(f"stop takes kind 'agent' or 'run', not {kind!r}")
+        key = (kind, value)
+        self._cuts.setdefault(key, 0)
+        self._stopped_by[key] = by
+        try:
+            await self.state.revoke(kind, value, by=by, reason=reason)
+        except StateUnavailable as exc:
+            log.error(
+                "%s %r stopped by %s at this gateway only (%d call(s) cut): %s; the next "
+                "resync writes it back, or stop it again",
+                kind,
+                value,
+                by,
+                self._cuts.pop(key, 0),
+                exc.detail,
+            )
+            raise
+        finally:
+            cut = self._cuts.pop(key, 0)
+            self._stopped_by.pop(key, None)
+        log.info(
+            "%s %r stopped by %s: %s; %d call(s) cut",
+            kind,
+            value,
+            by,
+            reason or "(no reason given)",
+            cut,
+        )
+        return cut
+
+    def apply_revocation(self, kind: str, value: str) -> None:
+        """The store's ``on_revoke`` listener: drop cached verdicts of the revoked token,
+        agent or run, and cut its calls in flight (held ones included)."""
+        self.verifier.forget(lambda c: getattr(c, kind, None) == value)
+        cancelled = self.inflight.cancel(kind, value, by=self._stopped_by.get((kind, value)))
+        if (kind, value) in self._cuts:
+            self._cuts[(kind, value)] += cancelled
+        log.info(
+            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
+        )
 
     def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
         """The same gateway sending through ``transport`` (tests, the example recording)."""
@@ -257,7 +353,12 @@ def _operator_book(settings: Settings) -> OperatorBook | None:
 
 def check_approvers(policy: Policy, settings: Settings) -> None:
     """A rule that holds calls for approval needs someone who can approve (fail closed)."""
-    held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
+    held = [
+        r.id
+        for role in policy.roles.values()
+        for r in role.rules
+        if r.approval or (r.sensitive and r.when_tainted == "approve")
+    ]
     if held and settings.admin_port is None:
         raise ConfigError(
             f"rules {held} require approval, but no admin listener is configured to approve "
@@ -313,6 +414,9 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(DenialRecorder(denials))
     events = EventHub()
     observers.append(events)  # the live stream and the console's table of recent calls
+    webhook = ApprovalWebhook(settings.approval_webhook) if settings.approval_webhook else None
+    if webhook is not None:
+        events.listeners.append(webhook)
     return Gateway(
         settings=settings,
         policies=PolicyHolder(policy, stamp),
@@ -327,9 +431,11 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
             settings.approval_timeout,
             per_agent=settings.approvals_per_agent,
             on_event=events.publish,
+            board=state.approval_board(),
         ),
         observers=tuple(observers),
         events=events,
+        webhook=webhook,
         operators=_operator_book(settings),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
@@ -350,22 +456,19 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
     await gw.state.start()
-
-    def on_revoke(kind: str, value: str) -> None:
-        gw.verifier.forget(lambda c: getattr(c, kind, None) == value)
-        cancelled = gw.inflight.cancel(kind, value)
-        log.info(
-            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
-        )
-
-    gw.state.on_revoke(on_revoke)
+    gw.state.on_revoke(gw.apply_revocation)
+    gw.state.on_pause(gw.pipeline.pause.changed)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    if gw.webhook is not None:
+        gw.webhook.start()
     try:
         yield gw
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        if gw.webhook is not None:
+            await gw.webhook.close()
         await gw.transport.close()
         await gw.state.close()
         gw.audit.close()
@@ -601,7 +704,9 @@ async def _listen(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        gw.inflight.stopping = True  # calls still running now are cut, and audited so
+        # Calls still running now are cut: answered 503 where their answer has not started,
+        # audited as gateway_stopping either way.
+        gw.inflight.cut_all()
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()

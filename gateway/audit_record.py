@@ -150,7 +150,7 @@ class AuditRecord(TypedDict):
     sql: NotRequired[SqlSummary]
     mcp: NotRequired[McpSummary]  # one line per JSON-RPC message, sharing the request id
     approval: NotRequired[str]  # the approval that let the call go on
-    operator: NotRequired[str]  # the operator who approved it (a name from the operators file)
+    operator: NotRequired[str]  # the operator whose action decided it: approved, declined, stopped
     state_error_allowed: NotRequired[bool]  # only ever True
 
 

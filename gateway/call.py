@@ -96,7 +96,10 @@ class Call:
     content_type: str | None = None  # validate / protocol: Content-Type of the checked body
     state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
     approval: str | None = None  # approve: the approval that let the call go on
-    approved_by: str | None = None  # approve: the operator who approved it
+    operator: str | None = (
+        None  # the operator whose action decided it (approved, declined, stopped)
+    )
+    taint: str | None = None  # taint_gate: why this sensitive call of a tainted run is held
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     dispatched: bool = False  # dispatch: the call was handed to the transport
@@ -108,7 +111,7 @@ class Call:
     streaming: bool = False  # respond: the response's head was sent to the agent
     body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut
-    revoked: GatewayError | None = None  # set when a revocation cancels the call in flight
+    revoked: GatewayError | None = None  # why the gateway cancelled the call in flight
 
     @property
     def rule_id(self) -> str | None:

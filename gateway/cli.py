@@ -16,6 +16,7 @@
     capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
     capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
     capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file F
+    capgate pause|resume|stop (--agent A | --run R) [--reason T] [--for 10m] --admin URL ...
 
 Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
 policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
@@ -29,13 +30,14 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway import __version__
 from gateway.commands.console import (
     add_console_commands,
+    cmd_act,
     cmd_approvals,
     cmd_operators,
     cmd_watch,
@@ -111,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")
     s.add_argument(
         "--approvals-per-agent", dest="approvals_per_agent", help="held calls per agent (10)"
+    )
+    s.add_argument(
+        "--approval-webhook", dest="approval_webhook", help="URL told when a call is held"
+    )
+    s.add_argument(
+        "--pause-hold", dest="pause_hold", help="how long a paused agent's call is held (5m)"
     )
     s.add_argument(
         "--max-connections", dest="max_connections", help="agent connections at once (1024)"
@@ -422,35 +430,42 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+# The commands that need the environment, and those that need only their arguments.
+_WITH_ENV: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
+    "serve": cmd_serve,
+    "revoke": cmd_revoke,
+    "replay": cmd_replay,
+}
+_PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "keys": cmd_keys,
+    "token": cmd_token,
+    "policy": cmd_policy,
+    "audit": cmd_audit,
+    "approvals": cmd_approvals,
+    "watch": cmd_watch,
+    "operators": cmd_operators,
+    "pause": cmd_act,
+    "resume": cmd_act,
+    "stop": cmd_act,
+    "recording": cmd_recording,
+}
+
+
+def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.command in _WITH_ENV:
+        return _WITH_ENV[args.command](args, env)
+    if args.command in _PLAIN:
+        return _PLAIN[args.command](args)
+    raise CliError(f"unknown command {args.command!r}")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     from gateway.config import process_environ
 
     env = process_environ() if environ is None else environ
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "serve":
-            return cmd_serve(args, env)
-        if args.command == "keys":
-            return cmd_keys(args)
-        if args.command == "token":
-            return cmd_token(args)
-        if args.command == "policy":
-            return cmd_policy(args)
-        if args.command == "audit":
-            return cmd_audit(args)
-        if args.command == "revoke":
-            return cmd_revoke(args, env)
-        if args.command == "approvals":
-            return cmd_approvals(args)
-        if args.command == "watch":
-            return cmd_watch(args)
-        if args.command == "operators":
-            return cmd_operators(args)
-        if args.command == "recording":
-            return cmd_recording(args)
-        if args.command == "replay":
-            return cmd_replay(args, env)
-        raise CliError(f"unknown command {args.command!r}")
+        return _run(args, env)
     except (CliError, ConfigError, GatewayError) as exc:
         message = exc.detail if isinstance(exc, GatewayError) else str(exc)
         print(f"capgate: error: {message}", file=sys.stderr)

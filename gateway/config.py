@@ -37,6 +37,9 @@ operators_file         (none)               named operators of the admin API, wi
                                             (``capgate operators add``)
 approval_timeout       5m                   how long a held call waits for a decision
 approvals_per_agent    10                   calls of one agent held for approval at once
+approval_webhook       (none)               http(s) URL told (JSON POST) when a call starts
+                                            waiting for approval (chat, pager)
+pause_hold             5m                   how long a paused agent's call is held (then 503)
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
@@ -51,6 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.errors import ConfigError
 from gateway.policy_file import parse_duration, parse_size
@@ -83,6 +87,8 @@ class Settings:
     operators_file: Path | None = None
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
+    approval_webhook: str | None = None
+    pause_hold: float = 300.0
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
@@ -134,6 +140,16 @@ def _optional_path(value: Any) -> Path | None:
     if value in ("", "-", None):
         return None
     return _path(value)
+
+
+def _webhook_url(value: Any) -> str | None:
+    if value in ("", None):
+        return None
+    text = _text(value)
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL")
+    return text
 
 
 def _csv(value: Any) -> tuple[str, ...]:
@@ -201,6 +217,8 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "operators_file": _optional_path,
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
+    "approval_webhook": _webhook_url,
+    "pause_hold": _positive_duration,
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,

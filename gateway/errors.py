@@ -20,6 +20,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
+    ├── AgentPaused (503)           agent_paused (Retry-After)
     ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
@@ -59,6 +60,8 @@ class Reason(StrEnum):
     MCP_SESSION_UNKNOWN = "mcp_session_unknown"
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
+    APPROVAL_STALE = "approval_stale"
+    RUN_TAINTED = "run_tainted"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
@@ -69,6 +72,7 @@ class Reason(StrEnum):
     REPLAY_MISS = "replay_miss"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
+    AGENT_PAUSED = "agent_paused"
     INTERNAL_ERROR = "internal_error"
     CLIENT_CLOSED = "client_closed"
 
@@ -230,6 +234,15 @@ class ApprovalDenied(PolicyDenied):
 
     reason = Reason.APPROVAL_DENIED
     title = "Approval denied"
+    operator: str | None = None  # who declined it (for the audit line, never the agent)
+
+
+class RunTainted(PolicyDenied):
+    """Raised for a sensitive call (``when_tainted: deny``) of a run that has read untrusted
+    content: the detail names what tainted it and when."""
+
+    reason = Reason.RUN_TAINTED
+    title = "Run tainted by untrusted content"
 
 
 # --- 400: malformed input -------------------------------------------------------------------
@@ -350,6 +363,7 @@ class GatewayStopping(GatewayError):
     status = 503
     reason = Reason.GATEWAY_STOPPING
     title = "Gateway stopping"
+    close_connection = True
 
 
 class ApprovalTimeout(GatewayError):
@@ -358,6 +372,15 @@ class ApprovalTimeout(GatewayError):
     status = 408
     reason = Reason.APPROVAL_TIMEOUT
     title = "Approval timed out"
+
+
+class ApprovalStale(GatewayError):
+    """Raised when a held call was approved under a policy that is no longer in force: the
+    approval was for the call as that policy judged it, so it is not forwarded."""
+
+    status = 409
+    reason = Reason.APPROVAL_STALE
+    title = "Approval given under another policy"
 
 
 class UpstreamError(GatewayError):
@@ -395,6 +418,15 @@ class StateUnavailable(GatewayError):
     status = 503
     reason = Reason.STATE_UNAVAILABLE
     title = "State store unavailable"
+
+
+class AgentPaused(GatewayError):
+    """Raised when an operator paused the call's agent or run and the call was held past the
+    pause hold, or the agent already has its share of calls held; carries ``Retry-After``."""
+
+    status = 503
+    reason = Reason.AGENT_PAUSED
+    title = "Agent paused"
 
 
 class ClientClosed(GatewayError):
@@ -445,6 +477,8 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
+    Reason.APPROVAL_STALE: ApprovalStale,
+    Reason.RUN_TAINTED: RunTainted,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
@@ -455,6 +489,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.REPLAY_MISS: ReplayMiss,
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
+    Reason.AGENT_PAUSED: AgentPaused,
     Reason.INTERNAL_ERROR: InternalError,
     Reason.CLIENT_CLOSED: ClientClosed,
 }

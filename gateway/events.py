@@ -19,7 +19,7 @@ import itertools
 import json
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +82,7 @@ class EventHub:
     recent: deque[dict[str, Any]] = field(init=False)
     _subscribers: set[Subscription] = field(default_factory=set)
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     streams: Shares = field(init=False)
     # Decisions since start by (decision, reason): bounded by the closed set of reason codes.
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -107,6 +108,8 @@ class EventHub:
         event["seq"] = next(self._seq)
         for sub in self._subscribers:
             sub.offer(event)
+        for listener in self.listeners:  # quick and never blocking (the approval webhook)
+            listener(event)
 
     # --- consumers ------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Calls in flight (held for approval or being forwarded), so a revocation can cancel them."""
+"""Calls in flight (held for approval or being forwarded), so a revocation, or the end of the
+shutdown grace, can cancel them with a reason the agent is told."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from typing import Any
 
 from gateway.call import Call
-from gateway.errors import TokenRevoked
+from gateway.errors import GatewayStopping, TokenRevoked
 
 
 class InFlight:
@@ -29,8 +30,9 @@ class InFlight:
     def calls(self) -> list[Call]:
         return list(self._calls)
 
-    def cancel(self, kind: str, value: str) -> int:
-        """Cancel every call whose token matches a new revocation; the number cancelled."""
+    def cancel(self, kind: str, value: str, by: str | None = None) -> int:
+        """Cancel every call whose token matches a new revocation (by the operator ``by``,
+        when this gateway knows); the number cancelled."""
         cancelled = 0
         for call, task in list(self._calls.items()):
             claims = call.claims
@@ -39,6 +41,19 @@ class InFlight:
             hit = {"jti": claims.jti, "agent": claims.agent, "run": claims.run}.get(kind)
             if hit == value and call.revoked is None:
                 call.revoked = TokenRevoked(f"this token's {kind} was revoked during the call")
+                call.operator = by
                 task.cancel()
                 cancelled += 1
         return cancelled
+
+    def cut_all(self) -> int:
+        """The shutdown grace is over: cancel every call still in flight, each answered (if its
+        answer has not started) and audited as ``gateway_stopping``; the number cut."""
+        self.stopping = True
+        cut = 0
+        for call, task in list(self._calls.items()):
+            if call.revoked is None:
+                call.revoked = GatewayStopping("the gateway stopped before this call finished")
+                task.cancel()
+                cut += 1
+        return cut

@@ -1,8 +1,9 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
-            -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
+    receive -> route -> authenticate -> pause -> match_policy -> validate -> throttle
+            -> taint_gate -> approve -> inject
+            -> taint_mark -> dispatch (live upstream | recorder | replay) -> respond
+            -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
 that escapes is a bug: it is logged with its traceback, and the call is denied with
@@ -19,6 +20,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -35,12 +37,14 @@ from gateway.stages.authenticate import Authenticate, RevocationCheck
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
 from gateway.stages.respond import Respond, refusal
 from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
+from gateway.taint import TaintGate, TaintMark, Taints
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
 
@@ -66,6 +70,9 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    taints: Taints
+    notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
+    pause_hold: float = 300.0  # how long a call of a paused agent or run is held
 
 
 def new_request_id() -> str:
@@ -78,17 +85,22 @@ class Pipeline:
     def __init__(self, services: Services) -> None:
         self.inflight = services.inflight
         self.revocation = RevocationCheck(services.state)
+        # Its ``changed`` is the store's on_pause listener (wired by app.running).
+        self.pause = Pause(services.state, services.inflight, hold=services.pause_hold)
         self.checks: tuple[Stage, ...] = (
             Receive(),
             Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
+            self.pause,
             MatchPolicy(),
             Validate(),
-            Throttle(services.state),
-            Approve(services.approvals, services.inflight),
+            Throttle(services.state, on_evict=services.notify),
+            TaintGate(services.taints),
+            Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),
         )
         self.upstream_shares = services.upstream_shares
+        self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
         self.audit = Audit(services.mac, services.observers)
@@ -121,8 +133,9 @@ class Pipeline:
             self.inflight.add(call, task)
             return await self.forward(call)
         except asyncio.CancelledError:
-            # A revocation cancels the calls in flight of the revoked token, agent or run;
-            # the upstream connection was closed as the cancellation unwound the transport.
+            # A revocation cancels the calls in flight of the revoked token, agent or run, and
+            # the end of the shutdown grace cuts every call in flight (``call.revoked`` says
+            # why); the upstream connection was closed as the cancellation unwound.
             if call.revoked is None or task is None:
                 # The agent hung up (the server cancels the handler) or the gateway's
                 # shutdown grace is over: the upstream was let go as the cancellation unwound.
@@ -160,6 +173,9 @@ class Pipeline:
             try:
                 # A revocation that arrived since the token was checked still stops it.
                 self.revocation(call)
+                marking = self.taint_mark(call)  # before untrusted content can come back
+                if marking is not None:
+                    await marking
                 await self.dispatch(call)
             except GatewayError as exc:
                 call.error = exc

@@ -125,7 +125,7 @@ async def test_wrong_missing_or_weak_credentials_change_nothing(
         body = await resp.json(content_type="application/problem+json")
         assert (resp.status, body["reason"]) == (status, reason)
         conforms(decide, "POST", status, body)
-    assert [p["id"] for p in gw.approvals.pending()] == [pending["id"]]  # still held
+    assert [p["id"] for p in await gw.approvals.pending()] == [pending["id"]]  # still held
     assert mocks.requests("services") == []
     await get(admin, "/operators", "alice", operators, status=403)  # approver is not admin
     names = await get(admin, "/operators", "root", operators)
@@ -135,7 +135,7 @@ async def test_wrong_missing_or_weak_credentials_change_nothing(
         "root": "admin",
     }
     assert "token" not in json.dumps(names)
-    gw.approvals.decide(pending["id"], False, by="cleanup")
+    await gw.approvals.decide(pending["id"], False, by="cleanup")
     await call
 
 
@@ -278,12 +278,16 @@ def contextlib_exit_stack() -> Any:
 # --- the OpenAPI document ---------------------------------------------------------------------
 
 
+def _template(path: str) -> str:
+    """An aiohttp route path with its parameters' patterns left out: ``{id}``."""
+    import re
+
+    return re.sub(r"\{(\w+):[^}]*\}+", r"{\1}", path)
+
+
 def test_every_route_is_in_the_openapi_document_and_nothing_else() -> None:
     documented = {(method.upper(), path) for path, ops in DOC["paths"].items() for method in ops}
-    served = {
-        (method, path.replace("{id:[0-9a-f]{16}}", "{id}").replace("{verb:approve|deny}", "{verb}"))
-        for method, path, _, _ in ROUTES
-    }
+    served = {(method, _template(path)) for method, path, _, _ in ROUTES}
     assert documented == served
     roles = {
         (method.upper(), path): op.get("x-capgate-role")
@@ -291,11 +295,7 @@ def test_every_route_is_in_the_openapi_document_and_nothing_else() -> None:
         for method, op in ops.items()
     }
     for method, path, _, role in ROUTES:
-        key = (
-            method,
-            path.replace("{id:[0-9a-f]{16}}", "{id}").replace("{verb:approve|deny}", "{verb}"),
-        )
-        assert roles[key] == role
+        assert roles[(method, _template(path))] == role
 
 
 async def test_openapi_document_is_served_without_credentials(console: Any) -> None:
@@ -464,3 +464,182 @@ def test_watch_against_nothing_is_one_line_and_exit_2(tmp_path: Path, operators:
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "cannot reach the admin API" in done.stderr
+
+
+async def test_operators_deciding_at_once_exactly_one_decision_counts(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    _, client, admin, _ = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    verbs = ["approve", "deny"] * 8
+    answers = await asyncio.gather(
+        *(
+            admin.post(f"/approvals/{pending['id']}/{verb}", headers=operators.auth(who))
+            for verb, who in zip(verbs, ["alice", "root"] * 8, strict=True)
+        )
+    )
+    statuses = [a.status for a in answers]
+    assert statuses.count(200) == 1 and statuses.count(404) == 15
+    won = verbs[statuses.index(200)]
+    answer = await call
+    assert answer.status == (200 if won == "approve" else 403)
+    assert len(mocks.requests("services")) == (1 if won == "approve" else 0)
+
+
+async def test_a_decision_on_another_body_decides_nothing(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    import hashlib
+
+    gw, client, admin, _ = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    sent = b'{"service": "web"}'
+    assert pending["body_sha256"] == hashlib.sha256(sent).hexdigest()
+    path = f"/approvals/{pending['id']}/approve"
+    other = hashlib.sha256(b'{"service": "db"}').hexdigest()
+    resp = await admin.post(path, headers=operators.auth("alice"), json={"body_sha256": other})
+    body = await resp.json(content_type="application/problem+json")
+    assert resp.status == 409 and body["reason"] == "approval_mismatch"
+    conforms(path, "POST", 409, body)
+    assert [p["id"] for p in await gw.approvals.pending()] == [pending["id"]]
+    resp = await admin.post(
+        path, headers=operators.auth("alice"), json={"body_sha256": pending["body_sha256"]}
+    )
+    assert resp.status == 200
+    assert (await call).status == 200
+    [seen] = mocks.requests("services")
+    assert seen["body"] == sent.decode()  # byte for byte as shown and digested
+
+
+async def test_an_approval_under_a_policy_no_longer_in_force_is_refused(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    gw, client, admin, settings = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    text = settings.policy.read_text()
+    settings.policy.write_text(text + "\n# an edit: another policy digest\n")
+    for _ in range(200):
+        if gw.policy.digest != pending["policy"]:
+            break
+        await asyncio.sleep(0.02)
+    assert gw.policy.digest != pending["policy"]
+    resp = await admin.post(f"/approvals/{pending['id']}/approve", headers=operators.auth("alice"))
+    assert resp.status == 200
+    answer = await call
+    body = await answer.json(content_type="application/problem+json")
+    assert answer.status == 409 and body["reason"] == "approval_stale"
+    assert mocks.requests("services") == []
+
+
+# --- pause, resume, stop ------------------------------------------------------------------
+
+
+async def test_pause_resume_and_stop_through_the_api(
+    console: Any, operators: Operators, workspace: Workspace, mocks: Mocks
+) -> None:
+    gw, client, admin, settings = console
+    tester = {"Authorization": f"Bearer {workspace.token('tester', ['tester'], run='r1')}"}
+    other = {"Authorization": f"Bearer {workspace.token('tester', ['tester'], run='r2')}"}
+    for who in ("vera", "alice"):  # viewers and approvers may not
+        resp = await admin.post("/agents/tester/pause", headers=operators.auth(who))
+        assert resp.status == 403
+    assert (await get(admin, "/pauses", "vera", operators))["pauses"] == []
+    resp = await admin.post(
+        "/runs/r1/pause", headers=operators.auth("root"), json={"reason": "looks odd"}
+    )
+    body = await resp.json()
+    assert resp.status == 200 and body["by"] == "root" and body["until"] is None
+    conforms("/runs/r1/pause", "POST", 200, body)
+    [paused] = (await get(admin, "/pauses", "vera", operators))["pauses"]
+    assert (paused["kind"], paused["value"], paused["by"], paused["reason"]) == (
+        "run",
+        "r1",
+        "root",
+        "looks odd",
+    )
+    held = asyncio.ensure_future(client.get("/echo/echo/held", headers=tester))
+    assert (await client.get("/echo/echo/free", headers=other)).status == 200  # r2 goes on
+    await asyncio.sleep(0.3)
+    assert not held.done()
+    resp = await admin.post("/runs/r1/resume", headers=operators.auth("root"))
+    assert (await resp.json())["was_paused"] is True
+    assert (await asyncio.wait_for(held, 5)).status == 200
+    resp = await admin.post(
+        "/agents/tester/stop", headers=operators.auth("root"), json={"reason": "enough"}
+    )
+    body = await resp.json()
+    assert resp.status == 200 and body["action"] == "stop"
+    conforms("/agents/tester/stop", "POST", 200, body)
+    answer = await client.get("/echo/echo/after", headers=other)
+    assert answer.status == 401
+    assert (await answer.json(content_type=None))["reason"] == "token_revoked"
+    stops = (await get(admin, "/stops", "vera", operators))["stops"]
+    assert [(s["kind"], s["value"], s["by"], s["reason"]) for s in stops] == [
+        ("agent", "tester", "root", "enough")
+    ]
+    for bad in ({"for_s": 0}, {"for_s": "soon"}, {"reason": 1}, {"until": 5}):
+        resp = await admin.post("/agents/x/pause", headers=operators.auth("root"), json=bad)
+        assert resp.status == 400, bad
+
+
+def test_capgate_stop_names_who_and_must_name_someone(tmp_path: Path, operators: Operators) -> None:
+    import os
+
+    token_file = tmp_path / "root.token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(operators.tokens["root"])
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                *args,
+                "--admin",
+                "http://127.0.0.1:9",
+                "--token-file",
+                str(token_file),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=30,
+        )
+
+    missing = cli("stop", "--reason", "x")
+    assert missing.returncode == 2 and "--agent" in missing.stderr
+    both = cli("pause", "--agent", "a", "--run", "r")
+    assert both.returncode == 2
+    bad_for = cli("pause", "--agent", "a", "--for", "soon")
+    assert bad_for.returncode == 2 and bad_for.stderr.count("\n") == 1 and "--for" in bad_for.stderr
+    down = cli("resume", "--agent", "a")
+    assert down.returncode == 2 and "cannot reach the admin API" in down.stderr
+
+
+async def test_the_operator_is_named_in_the_lines_of_calls_they_decline_or_cut(
+    console: Any, operators: Operators, workspace: Workspace
+) -> None:
+    gw, client, admin, settings = console
+    call = asyncio.ensure_future(restart(client, workspace))
+    pending = await pending_one(admin, operators)
+    await admin.post(f"/approvals/{pending['id']}/deny", headers=operators.auth("alice"))
+    assert (await call).status == 403
+    tester = {"Authorization": f"Bearer {workspace.token('tester', ['tester'])}"}
+    slow = asyncio.ensure_future(client.get("/echo/echo/slow?delay=3", headers=tester))
+    for _ in range(100):
+        if gw.inflight_calls():
+            break
+        await asyncio.sleep(0.02)
+    resp = await admin.post("/agents/tester/stop", headers=operators.auth("root"))
+    assert (await resp.json())["calls_cut"] == 1
+    assert (await slow).status == 401
+    lines = {x["path"]: x for x in audit_lines(settings, gw)}
+    declined = lines["/services/services/restart"]
+    cut = lines["/echo/echo/slow"]
+    assert (declined["reason"], declined["operator"]) == ("approval_denied", "alice")
+    assert (cut["reason"], cut["operator"]) == ("token_revoked", "root")

@@ -160,10 +160,10 @@ async def test_a_state_change_with_the_cookie_needs_the_csrf_token_and_the_same_
     headers = {**agent(workspace), "Content-Type": "application/octet-stream"}
     call = asyncio.ensure_future(setup.client.post("/echo/echo/post", data=b"x", headers=headers))
     for _ in range(500):
-        if gw.approvals.pending():
+        if await gw.approvals.pending():
             break
         await asyncio.sleep(0.01)
-    [pending] = gw.approvals.pending()
+    [pending] = await gw.approvals.pending()
     approve = f"/approvals/{pending['id']}/approve"
     browser = await login(setup, operators.tokens["alice"])
     host = f"{setup.admin.host}:{setup.admin.port}"
@@ -179,7 +179,7 @@ async def test_a_state_change_with_the_cookie_needs_the_csrf_token_and_the_same_
         resp = await browser.post(approve, csrf, **extra)
         assert (resp.status, await reason_of(resp)) == (403, reason), (csrf, extra)
         conforms(approve, "POST", 403, await resp.json(content_type=None))
-    assert [p["id"] for p in gw.approvals.pending()] == [pending["id"]]  # nothing changed
+    assert [p["id"] for p in (await gw.approvals.pending())] == [pending["id"]]  # nothing changed
     assert mocks.requests("echo") == []
     # Another operator's CSRF token does not fit this session either.
     other = await login(setup, operators.tokens["root"])
@@ -420,12 +420,16 @@ async def test_stop_refuses_the_next_call_and_needs_the_admin_role(
         "/agents/other-bot/stop", headers=operators.auth("root"), json={"reason": "leak"}
     )
     body = await resp.json()
-    assert resp.status == 200 and body == {"action": "stop", "agent": "other-bot", "by": "root"}
+    assert resp.status == 200
+    assert (body["kind"], body["value"], body["action"], body["by"]) == (
+        "agent",
+        "other-bot",
+        "stop",
+        "root",
+    )
     conforms("/agents/other-bot/stop", "POST", 200, body)
     frame = await asyncio.wait_for(events.content.readuntil(b"\n\n"), 2)
-    assert (
-        b'"action":"stop"' in frame and b'"operator":"root"' in frame and b'"note":"leak"' in frame
-    )
+    assert b'"action":"stop"' in frame and b'"by":"root"' in frame and b'"reason":"leak"' in frame
     events.close()
     refused = await setup.client.get("/echo/echo/c", headers=other)
     assert refused.status == 401
@@ -436,7 +440,7 @@ async def test_stop_refuses_the_next_call_and_needs_the_admin_role(
     run = {"Authorization": f"Bearer {run_token}"}
     assert (await setup.client.get("/echo/echo/e", headers=run)).status == 200
     resp = await setup.admin.post("/runs/run-7/stop", headers=operators.auth("root"))
-    assert resp.status == 200 and (await resp.json())["run"] == "run-7"
+    assert resp.status == 200 and (await resp.json())["value"] == "run-7"
     assert (await setup.client.get("/echo/echo/f", headers=run)).status == 401
     assert (await setup.client.get("/echo/echo/g", headers=agent(workspace))).status == 200
 
@@ -451,7 +455,7 @@ async def test_an_approver_sees_the_held_body_with_its_secrets_masked(
     headers = {**agent(workspace), "Content-Type": "application/json"}
     call = asyncio.ensure_future(setup.client.post("/echo/echo/post", data=body, headers=headers))
     for _ in range(500):
-        if setup.gw.approvals.pending():
+        if await setup.gw.approvals.pending():
             break
         await asyncio.sleep(0.01)
     resp = await setup.admin.get("/approvals", headers=operators.auth("alice"))
@@ -460,7 +464,7 @@ async def test_an_approver_sees_the_held_body_with_its_secrets_masked(
     for secret in ("hunter2", "s3cret", "k-123456"):
         assert secret not in shown
     assert '"deploy": "web"' in shown and "<b>hi</b>" in shown and "[redacted:key]" in shown
-    setup.gw.approvals.decide(pending["id"], True, by="alice")
+    await setup.gw.approvals.decide(pending["id"], True, by="alice")
     assert (await call).status == 200
     [seen] = mocks.requests("echo")
     assert seen["body"].encode() == body  # masked for the eye only; every byte went on

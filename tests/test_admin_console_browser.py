@@ -167,18 +167,18 @@ class Held:
             answer = await self.setup.client.post("/echo/echo/post", data=body, headers=headers)
             return answer.status, await answer.read()
 
-        before = len(self.setup.gw.approvals.pending())
+        before = len(await self.setup.gw.approvals.pending())
         task = asyncio.ensure_future(call())
         self.tasks.append(task)
         for _ in range(500):
-            if len(self.setup.gw.approvals.pending()) > before:
+            if len(await self.setup.gw.approvals.pending()) > before:
                 return task
             await asyncio.sleep(0.01)
         raise AssertionError("the call was not held")
 
     async def release(self) -> None:
-        for pending in self.setup.gw.approvals.pending():
-            self.setup.gw.approvals.decide(pending["id"], False, by="cleanup")
+        for pending in await self.setup.gw.approvals.pending():
+            await self.setup.gw.approvals.decide(pending["id"], False, by="cleanup")
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
@@ -341,7 +341,7 @@ async def test_a_viewer_sees_no_controls_and_cannot_act(
     await console.screenshot("viewer")
     # Forced through the viewer's own session (cookie and CSRF token): 403, nothing changes.
     session = await (await page.request.get(setup.url + "/console/session")).json()
-    [pending] = setup.gw.approvals.pending()
+    [pending] = await setup.gw.approvals.pending()
     for path in (f"/approvals/{pending['id']}/approve", "/agents/tester/stop"):
         answer = await page.request.post(
             setup.url + path,
@@ -350,7 +350,7 @@ async def test_a_viewer_sees_no_controls_and_cannot_act(
         )
         assert answer.status == 403
         assert (await answer.json())["reason"] == "operator_forbidden"
-    assert [p["id"] for p in setup.gw.approvals.pending()] == [pending["id"]]
+    assert [p["id"] for p in (await setup.gw.approvals.pending())] == [pending["id"]]
     assert (await setup.client.get("/echo/echo/still", headers=agent(workspace))).status == 200
     assert console.problems == []
     await hold.release()

@@ -1093,3 +1093,255 @@ def test_the_agent_jwt_cache_is_bounded(tmp_path: Path) -> None:
     again = store.injection("services", creds, f"agent-{MAX_CACHED_SECRETS * 3 + 6}")
     assert last is not None and again is not None
     assert last.secret.reveal() == again.secret.reveal()
+
+
+# --- the background loop, shutdown, the listener ---------------------------------------------
+
+
+@pytest.fixture
+async def watched(serve_gateway: Any, workspace: Workspace, tmp_path: Path) -> Any:
+    """The test policy, copied so the test can edit it, reloaded every 50 ms."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(workspace.policy.read_text())
+    settings = load_settings(
+        {
+            "policy": str(policy),
+            "jwks": str(workspace.jwks),
+            "upstream_key": str(workspace.upstream_key),
+            "secrets_dir": str(workspace.secrets_dir),
+            "audit": "-",
+            "reload_interval": "0.05s",
+        },
+        {},
+    )
+    gw = build_gateway(settings, workspace.environ())
+    client = await serve_gateway(gw)
+    client.gw = gw
+    client.policy_path = policy
+    return client
+
+
+async def _until(predicate: Any, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("not reached in time")
+
+
+async def _health(client: Any) -> tuple[int, dict[str, Any]]:
+    resp = await client.get("/_capgate/health")
+    return resp.status, await resp.json()
+
+
+def _edited(text: str) -> str:
+    """The same policy with one more rule, so its digest changes."""
+    marker = "roles:\n"
+    assert marker in text
+    extra = (
+        "  advisory-extra:\n    rules:\n"
+        "      - {id: advisory-extra, upstream: services, allow: GET /services/advisory}\n"
+    )
+    return text.replace(marker, marker + extra, 1)
+
+
+async def test_a_policy_replaced_by_delete_then_create_is_still_reloaded(watched: Any) -> None:
+    """CG-2026-16 (background loop): a policy file replaced the way ``git checkout`` does
+    (deleted, then created) killed the loop that reloads the policy, so no later edit was
+    applied. The gap is now said once and retried; the new file is applied."""
+    before = watched.gw.policy.digest
+    text = watched.policy_path.read_text()
+    watched.policy_path.unlink()
+    await asyncio.sleep(0.3)  # several passes see no file
+    watched.policy_path.write_text(_edited(text))
+    await _until(lambda: watched.gw.policy.digest != before)
+    status, health = await _health(watched)
+    assert status == 200 and health["background"]["ok"] is True
+    assert "advisory-extra" in watched.gw.policy.roles
+
+
+async def test_a_deeply_nested_policy_edit_is_refused_and_the_loop_goes_on(watched: Any) -> None:
+    """CG-2026-16 (nesting): a policy edited into deeply nested YAML raised RecursionError in
+    the loop and ended it. It is now a policy error (the policy in force is kept), and the
+    next valid edit is applied."""
+    before = watched.gw.policy.digest
+    text = watched.policy_path.read_text()
+    watched.policy_path.write_text(text + "deep: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    await asyncio.sleep(0.3)
+    assert watched.gw.policy.digest == before
+    watched.policy_path.write_text(_edited(text))
+    await _until(lambda: watched.gw.policy.digest != before)
+    assert watched.gw.watch.health()["ok"] is True
+
+
+async def test_an_error_in_the_background_loop_is_shown_and_survived(
+    watched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CG-2026-16 (any error): an unexpected error (here the audit flush on a full disk) ended
+    the loop silently. It now keeps running, health says ``degraded`` with the error while it
+    lasts, and ``ok`` again after a clean pass; policy edits are applied meanwhile."""
+    failing = True
+    flush = watched.gw.audit.flush
+
+    def full_disk() -> None:
+        if failing:
+            raise OSError(28, "No space left on device")
+        flush()
+
+    monkeypatch.setattr(watched.gw.audit, "flush", full_disk)
+    await _until(lambda: not watched.gw.watch.health()["ok"])
+    status, health = await _health(watched)
+    assert status == 503 and health["status"] == "degraded"
+    assert "No space left on device" in health["background"]["error"]
+    before = watched.gw.policy.digest
+    watched.policy_path.write_text(_edited(watched.policy_path.read_text()))
+    await _until(lambda: watched.gw.policy.digest != before)  # the loop still reloads
+    failing = False
+    await _until(lambda: watched.gw.watch.health()["ok"])
+    status, health = await _health(watched)
+    assert status == 200 and health["status"] == "ok"
+
+
+async def test_no_request_body_is_read_before_the_token_is_verified(client: Any) -> None:
+    """CG-2026-17 (bodies before tokens): nothing of a request body is read or parsed before
+    its token is verified. A call without a token that declares 10 MB and sends none of it
+    gets its 401 at once, and the connection is closed rather than drained."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(
+            b"POST /services/services/restart HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{"
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 401 ")
+        assert b"connection: close" in head.lower()
+    finally:
+        writer.close()
+
+
+@pytest.mark.e2e
+def test_sigterm_keeps_to_the_grace_and_audits_cut_calls(
+    workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """CG-2026-18 (shutdown): SIGTERM took up to twice the grace period, and calls cut at
+    shutdown were audited as allowed with no status. With a 2 s grace and a call that needs
+    10 s, the process exits 0 within the grace (plus the half second cut calls get to unwind),
+    the agent is answered 503 and the cut call's line says ``gateway_stopping``; the trail
+    verifies."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from mocks.demo import rewrite_policy_urls
+    from tests.conftest import ROOT, TEST_POLICY
+    from tests.e2e.test_serve import start_capgate
+
+    policy = tmp_path / "policy.yaml"
+    text = TEST_POLICY.read_text()
+    slow = "timeouts: {connect: 1s, read: 1s}\n    limits: {request_body: 4KiB}"
+    assert slow in text  # the echo upstream's: give it longer than the grace
+    text = text.replace(slow, slow.replace("read: 1s", "read: 30s"))
+    policy.write_text(rewrite_policy_urls(text, mocks.urls))
+    audit = tmp_path / "audit.jsonl"
+    args = [*workspace.serve_args(0, audit, policy), "--shutdown-grace", "2s"]
+    proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+    try:
+        request = urllib.request.Request(ready["url"] + "/echo/echo/slow?delay=10")
+        request.add_header("Authorization", f"Bearer {workspace.token('tester', ['tester'])}")
+        seen: list[object] = []
+
+        def call() -> None:
+            try:
+                with urllib.request.urlopen(request, timeout=20) as resp:  # noqa: S310
+                    seen.append(resp.status)
+            except urllib.error.HTTPError as err:
+                seen.append(err.code)
+            except (urllib.error.URLError, ConnectionError, OSError) as err:
+                seen.append(type(err).__name__)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)  # the call is waiting on the upstream
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        took = time.monotonic() - started
+        caller.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+    assert took < 2 + 1.5, took  # not twice the grace
+    assert seen == [503]  # told, not left hanging
+    lines = [json.loads(x) for x in audit.read_text().splitlines()]
+    cut = [x for x in lines if x.get("path") == "/echo/echo/slow"]
+    assert len(cut) == 1
+    assert (cut[0]["reason"], cut[0]["status"]) == ("gateway_stopping", 503)
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", "verify", str(audit)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# --- findings guarded by tests that live beside the code they exercise -----------------------
+
+GUARDED_ELSEWHERE = {
+    "CG-2026-19 connections: a header trickled every 10 s kept a connection 150 s": (
+        "tests/test_listener.py::test_a_trickled_head_is_closed_at_the_head_timeout"
+    ),
+    "CG-2026-19 connections: 20,000 slow connections exhausted file descriptors": (
+        "tests/test_fairness.py::test_a_connection_flood_meets_the_cap_and_leaves_open_connections_served"
+    ),
+    "CG-2026-19 connections: 83 MB of tracebacks in 25 s": (
+        "tests/test_listener.py::test_a_flood_of_bad_requests_is_one_summary_not_a_traceback_each"
+    ),
+    "CG-2026-19 connections: the cap below the process's file limit": (
+        "tests/test_listener.py::test_the_cap_stays_below_the_descriptor_limit"
+    ),
+    "CG-2026-20 starvation: 64 slow calls filled an upstream's pool": (
+        "tests/test_fairness.py::test_one_agents_64_slow_calls_leave_room_for_another_agent"
+    ),
+    "CG-2026-20 starvation: one agent's held approvals refused everyone's": (
+        "tests/test_fairness.py::test_one_agents_full_approval_share_does_not_refuse_another"
+    ),
+    "CG-2026-21 deadline: an upstream sending 1 byte a second held a call 20 s": (
+        "tests/test_faults.py::test_a_trickled_stream_is_cut_at_the_deadline"
+    ),
+    "CG-2026-21 deadline: an agent trickling its body": (
+        "tests/test_listener.py::test_a_trickled_body_is_refused_at_its_deadline"
+    ),
+    "CG-2026-22 an agent hanging up was audited upstream_unavailable": (
+        "tests/test_gateway.py::test_an_agent_hanging_up_is_client_closed_not_an_upstream_error"
+    ),
+    "CG-2026-23 record mode slowed down as runs accumulated": (
+        "tests/test_advisories.py::test_recording_cost_per_call_does_not_grow_with_runs"
+    ),
+}
+
+
+@pytest.mark.parametrize("finding", sorted(GUARDED_ELSEWHERE))
+def test_every_finding_guarded_elsewhere_still_has_its_test(finding: str) -> None:
+    """The index above names the regression test of each finding whose test lives beside the
+    code it exercises; a renamed or deleted guard fails here instead of vanishing quietly."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    path, name = GUARDED_ELSEWHERE[finding].split("::")
+    tree = ast.parse((ROOT / path).read_text())
+    tests = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+    }
+    assert name in tests, f"{finding}: {path}::{name} is gone"

@@ -70,6 +70,11 @@ def test_unrelated_environment_is_ignored() -> None:
     assert s.port == 8787
 
 
+def test_pause_hold_defaults_to_five_minutes() -> None:
+    assert load_settings(REQUIRED, {}).pause_hold == 300.0
+    assert load_settings({**REQUIRED, "pause_hold": "90s"}, {}).pause_hold == 90.0
+
+
 @pytest.mark.parametrize(
     "env,value,expected",
     [
@@ -90,6 +95,8 @@ def test_unrelated_environment_is_ignored() -> None:
         ("CAPGATE_LEEWAY", "soon", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_LIFETIME", "0s", "positive"),
         ("CAPGATE_RELOAD_INTERVAL", "0", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "0s", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "forever", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_SIZE", "big", "expected a size"),
         ("CAPGATE_ISSUERS", " , ", "at least one"),
         ("CAPGATE_HOST", "", "non-empty"),
@@ -249,6 +256,8 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "operators_file": "operators.yaml",
         "approval_timeout": "90s",
         "approvals_per_agent": "3",
+        "approval_webhook": "http://127.0.0.1:9/hook",
+        "pause_hold": "45s",
         "max_connections": "100",
         "head_timeout": "5s",
         "idle_timeout": "30s",
@@ -266,6 +275,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
+    assert s.pause_hold == 45.0
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
 

@@ -114,21 +114,21 @@ async def test_one_agents_full_approval_share_does_not_refuse_another(
     a, b = auth(workspace, "agent-a"), auth(workspace, "agent-b")
     held = [asyncio.create_task(client.get("/up/slow?delay=0", headers=a)) for _ in range(3)]
     for _ in range(100):
-        if len(approvals.pending()) == 3:
+        if len(await approvals.pending()) == 3:
             break
         await asyncio.sleep(0.02)
     refused = await client.get("/up/slow?delay=0", headers=a)  # a's fourth: over its share
     assert await outcome(refused) == "429 concurrency_limited"
     b_call = asyncio.create_task(client.get("/up/slow?delay=0", headers=b))
     for _ in range(100):
-        mine = [p for p in approvals.pending() if p["agent"] == "agent-b"]
+        mine = [p for p in await approvals.pending() if p["agent"] == "agent-b"]
         if mine:
             break
         await asyncio.sleep(0.02)
-    assert approvals.decide(mine[0]["id"], True, by="operator")
+    assert await approvals.decide(mine[0]["id"], True, by="operator") == "decided"
     assert await outcome(await b_call) == "200"
-    for pending in approvals.pending():
-        approvals.decide(pending["id"], False, by="operator")
+    for pending in await approvals.pending():
+        await approvals.decide(pending["id"], False, by="operator")
     assert {await outcome(await t) for t in held} == {"403 approval_denied"}
 
 

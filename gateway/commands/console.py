@@ -3,6 +3,7 @@
     capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
     capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
     capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file FILE
+    capgate pause|resume|stop (--agent A | --run R) [--reason TEXT] [--for 10m] --admin URL ...
 
 Every failure is one line (``ConsoleError``); the CLI prints it and exits 2.
 """
@@ -108,8 +109,25 @@ def add_console_commands(sub: Any) -> None:
     wp.add_argument("--agent", help="only this agent's calls")
     wp.add_argument("--run", help="only this run's calls")
     wp.add_argument("--decision", choices=["allow", "deny"], help="only allowed or denied calls")
-    wp.add_argument("--type", choices=["call", "approval", "operator"], help="only this kind")
+    wp.add_argument(
+        "--type", choices=["call", "approval", "operator", "taint"], help="only this kind"
+    )
     wp.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    for verb, text in (
+        ("pause", "hold an agent's or a run's new calls until resumed"),
+        ("resume", "let a paused agent's or run's calls go on"),
+        ("stop", "revoke an agent or a run and cut its calls in flight"),
+    ):
+        vp = sub.add_parser(verb, help=text + " (through the admin API)")
+        who = vp.add_mutually_exclusive_group(required=True)
+        who.add_argument("--agent", help="the agent")
+        who.add_argument("--run", help="the run")
+        if verb != "resume":
+            vp.add_argument("--reason", default="", help="why (recorded with your name)")
+        if verb == "pause":
+            vp.add_argument("--for", dest="for_", help="an end to the pause, e.g. 10m")
+        _admin_args(vp)
 
     op = sub.add_parser("operators", help="who may use the admin API, with which role")
     op.add_argument("action", choices=["add", "remove", "list"])
@@ -199,4 +217,25 @@ def cmd_operators(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     print(token)
+    return 0
+
+
+def cmd_act(args: argparse.Namespace) -> int:
+    """``capgate pause|resume|stop``."""
+    from gateway.policy_file import parse_duration
+
+    kind, name = ("agents", args.agent) if args.agent else ("runs", args.run)
+    if not name:
+        raise ConsoleError(f"{args.command}: --agent or --run must name someone")
+    body: dict[str, Any] = {}
+    if getattr(args, "reason", ""):
+        body["reason"] = args.reason
+    if getattr(args, "for_", None):
+        try:
+            body["for_s"] = parse_duration(args.for_)
+        except ValueError as exc:
+            raise ConsoleError(f"--for {args.for_!r}: {exc}") from None
+    client = AdminClient(args.admin, args.token_file)
+    path = f"/{kind}/{urllib.parse.quote(name, safe='')}/{args.command}"
+    print(json.dumps(client.call("POST", path, body or None), indent=2))
     return 0

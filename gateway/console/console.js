@@ -21,6 +21,7 @@
     subjects: new Map(), // "agent:NAME" | "run:NAME" -> facts
     approvals: new Map(), // id -> {card, deadline, countdown}
     offered: { agent: new Set(), run: new Set() }, // actions the admin API has, per kind
+    reads: new Set(), // GET paths the admin API documents (/pauses, /stops, /taint, ...)
     refreshTimer: null,
     tick: null,
     poll: null,
@@ -156,14 +157,16 @@
   // says: a button is shown only for an action the admin API has.
   async function loadActions() {
     const offered = { agent: new Set(), run: new Set() };
+    state.reads = new Set();
     try {
       const doc = await api("GET", "/openapi.json");
       for (const [path, ops] of Object.entries(doc.paths || {})) {
+        if (ops && ops.get) state.reads.add(path);
         if (!ops || !ops.post) continue;
         for (const kind of ["agent", "run"]) {
-          const prefix = `/${kind}s/{${kind}}/`;
-          if (!path.startsWith(prefix)) continue;
-          const last = path.slice(prefix.length);
+          const match = new RegExp(`^/${kind}s/\\{[^}/]+\\}/(.+)$`).exec(path);
+          if (!match) continue;
+          const last = match[1];
           const verbs = last.startsWith("{") ? JSON.stringify(ops.post.parameters || []) : `"${last}"`;
           for (const verb of ["pause", "resume", "stop"]) {
             if (verbs.includes(`"${verb}"`)) offered[kind].add(verb);
@@ -172,6 +175,7 @@
       }
     } catch (err) {
       for (const kind of ["agent", "run"]) ["pause", "resume", "stop"].forEach((v) => offered[kind].add(v));
+      ["/pauses", "/stops", "/taint"].forEach((p) => state.reads.add(p));
     }
     state.offered = offered;
   }
@@ -193,6 +197,9 @@
     notice("");
     await loadActions();
     if (state.who === null) return; // logged out meanwhile
+    $("taint-note").textContent = state.reads.has("/taint")
+      ? "Taint: once a run has read untrusted content (an upstream or rule marked untrusted), its sensitive calls need a person; the cause is shown."
+      : "Taint: this gateway's admin API does not report a run's taint, so none is shown (no guess is made).";
     openStream();
     loadCalls();
     refresh();
@@ -250,6 +257,13 @@
       refreshSoon();
     });
     source.addEventListener("approval", () => refreshSoon());
+    source.addEventListener("taint", (message) => {
+      const event = parse(message.data);
+      if (!event || typeof event.key !== "string" || event.key.startsWith("jti:")) return;
+      const subject = subjectOf("run", event.key);
+      subject.taint = { source: event.source, time: event.time };
+      renderSubject(subject);
+    });
     source.addEventListener("operator", (message) => {
       const event = parse(message.data);
       if (event) operatorActed(event);
@@ -355,6 +369,7 @@
       subject = { kind, name, calls: 0, refused: 0, last: "", lastSeq: 0, status: "", row: null };
       state.subjects.set(key, subject);
       renderSubject(subject);
+      if (kind === "run" && state.reads.has("/taint")) loadTaint(subject);
     }
     return subject;
   }
@@ -395,16 +410,30 @@
     cells[5].textContent = subject.kind === "run"
       ? (subject.taint === undefined ? "not reported" : describeTaint(subject.taint))
       : "—";
+    cells[5].className = subject.taint && typeof subject.taint === "object" ? "tainted" : "muted";
   }
 
+  // A run's taint as GET /taint and the "taint" event give it: null (clean) or its cause.
   function describeTaint(taint) {
+    if (taint === "checking") return "checking";
     if (taint === null || taint === false) return "clean";
-    if (typeof taint === "string") return taint;
     if (typeof taint === "object") {
-      const label = taint.label || taint.level || "tainted";
-      return taint.cause ? `${label}: ${taint.cause}` : String(label);
+      const source = typeof taint.source === "string" ? taint.source : "untrusted content";
+      return taint.time ? `tainted by ${source} at ${clock(taint.time)}` : `tainted by ${source}`;
     }
     return String(taint);
+  }
+
+  async function loadTaint(subject) {
+    subject.taint = "checking";
+    renderSubject(subject);
+    try {
+      const report = await api("GET", `/taint?run=${encodeURIComponent(subject.name)}`);
+      if (subject.taint === "checking") subject.taint = report.tainted ? report.cause || {} : null;
+    } catch (err) {
+      if (subject.taint === "checking") subject.taint = undefined;
+    }
+    renderSubject(subject);
   }
 
   function controls(subject) {
@@ -454,10 +483,9 @@
   }
 
   function operatorActed(event) {
-    const kind = event.agent !== undefined ? "agent" : event.run !== undefined ? "run" : null;
-    if (!kind) return;
-    const subject = state.subjects.get(`${kind}:${event[kind]}`);
-    if (!subject) return;
+    const kind = event.kind === "agent" || event.kind === "run" ? event.kind : null;
+    if (!kind || typeof event.value !== "string") return;
+    const subject = subjectOf(kind, event.value);
     subject.status = { pause: "paused", resume: "", stop: "stopped" }[event.action] || subject.status;
     renderSubject(subject);
   }
@@ -481,8 +509,29 @@
       renderInflight(inflight.calls);
       renderApprovals(approvals.pending);
       renderStats(stats);
+      await refreshStates();
     } catch (err) {
       if (err.status !== 401) notice(`The console cannot read the gateway: ${describeError(err)}`, "error");
+    }
+  }
+
+  // Paused and stopped agents and runs, as the state store has them (when the API says).
+  async function refreshStates() {
+    if (!state.reads.has("/pauses") || !state.reads.has("/stops")) return;
+    const [pauses, stops] = await Promise.all([api("GET", "/pauses"), api("GET", "/stops")]);
+    const status = new Map();
+    for (const p of pauses.pauses || []) status.set(`${p.kind}:${p.value}`, "paused");
+    for (const r of stops.stops || []) status.set(`${r.kind}:${r.value}`, "stopped");
+    for (const key of status.keys()) {
+      const [kind, ...rest] = key.split(":");
+      if (kind === "agent" || kind === "run") subjectOf(kind, rest.join(":"));
+    }
+    for (const [key, subject] of state.subjects) {
+      const now = status.get(key) || "";
+      if (subject.status !== now) {
+        subject.status = now;
+        renderSubject(subject);
+      }
     }
   }
 
@@ -547,14 +596,20 @@
       el("dt", { text: "Rule" }), el("dd", {}, el("code", { text: item.rule })),
       el("dt", { text: "Approval" }), el("dd", {}, el("code", { text: item.id })),
     );
-    const why = el("p", { class: "why" },
-      "Why: the rule ", el("code", { text: item.rule }),
-      " requires a person's approval before this call goes on to the upstream.");
+    const why = typeof item.why === "string" && item.why
+      ? el("p", { class: "why" }, "Why approval is asked: ", el("strong", { text: item.why }))
+      : el("p", { class: "why" }, "Why: the rule ", el("code", { text: item.rule }),
+        " requires a person's approval before this call goes on to the upstream.");
+    if (Array.isArray(item.tools) && item.tools.length) {
+      facts.append(el("dt", { text: "Tools" }), el("dd", {}, el("code", { text: item.tools.join(", ") })));
+    }
     let body;
     if (item.body === null || item.body === undefined) {
       body = el("p", { class: "muted", text: "The call has no body." });
     } else {
-      const shown = item.body.length >= 4096 ? " (the first 4 KiB)" : "";
+      const truncated = item.body_truncated === true || (item.body_truncated === undefined && item.body.length >= 4096);
+      const size = typeof item.body_size === "number" ? ` of ${item.body_size} bytes` : "";
+      const shown = truncated ? ` (the beginning${size})` : "";
       body = el("details", { class: "body" },
         el("summary", { text: `Body${shown}, secret-looking values masked: ${item.body.length} characters` }),
         el("pre", { text: item.body }));
@@ -581,14 +636,19 @@
       approve.disabled = true;
       deny.disabled = true;
       try {
-        const answer = await api("POST", `/approvals/${item.id}/${verb}`, { reason: input.value });
+        const decision = { reason: input.value };
+        // The decision names the body the approver saw: a different one is not decided (409).
+        if (typeof item.body_sha256 === "string") decision.body_sha256 = item.body_sha256;
+        const answer = await api("POST", `/approvals/${item.id}/${verb}`, decision);
         result.textContent = `${answer.decision === "approved" ? "Approved" : "Denied"} by ${answer.by}.`;
         notice(`${answer.decision === "approved" ? "Approved" : "Denied"}: ${item.method} ${item.target} (${item.agent}).`, "ok");
         refreshSoon();
       } catch (err) {
         result.textContent = err.status === 404
           ? "This call is no longer waiting (decided by someone else, expired or stopped)."
-          : `Failed: ${describeError(err)}`;
+          : err.status === 409
+            ? "The held call's body is not the one shown here; nothing was decided. Reload the list."
+            : `Failed: ${describeError(err)}`;
         approve.disabled = false;
         deny.disabled = false;
         refreshSoon();

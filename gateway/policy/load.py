@@ -168,6 +168,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
                 per_agent = lim["per_agent"].as_int(minimum=1, maximum=concurrency)
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
     batches, tool_refusals = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error")
+    untrusted = _untrusted(m)
     if url is None or kind is None or creds is None:
         return None
     return Upstream(
@@ -184,7 +185,43 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         credentials=creds,
         mcp_batches=batches,
         mcp_tool_refusals=tool_refusals,
+        untrusted=untrusted,
     )
+
+
+def _untrusted(m: dict[str, Node]) -> bool:
+    """``trust: untrusted`` (an upstream's or a rule's)."""
+    return "trust" in m and m["trust"].as_choice(("trusted", "untrusted")) == "untrusted"
+
+
+class _Exposure(NamedTuple):
+    """How a rule stands to prompt injection: it reads untrusted content, or it acts."""
+
+    untrusted: bool
+    sensitive: bool
+    when_tainted: str
+    evict_after: int | None
+
+
+def _rule_exposure(m: dict[str, Node]) -> _Exposure:
+    """``trust``, ``sensitive``, ``when_tainted``; when_tainted only beside sensitive: true."""
+    sensitive = bool(m["sensitive"].as_bool()) if "sensitive" in m else False
+    when = "approve"
+    if "when_tainted" in m:
+        when = m["when_tainted"].as_choice(("approve", "deny")) or "approve"
+        if not sensitive:
+            m["when_tainted"].fail(
+                f"{m['when_tainted'].where}: when_tainted applies to sensitive rules only "
+                "(add 'sensitive: true')"
+            )
+    evict = None
+    if "evict_after" in m:
+        evict = m["evict_after"].as_int(minimum=1, maximum=1_000_000)
+        if "rate" not in m and "quota" not in m:
+            m["evict_after"].fail(
+                f"{m['evict_after'].where}: evict_after needs the rule's own rate or quota"
+            )
+    return _Exposure(_untrusted(m), sensitive, when, evict)
 
 
 def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
@@ -322,6 +359,7 @@ def _rule(
     headers = _header_constraints(m["headers"]) if "headers" in m else {}
     mcp = _mcp_subject(m, upstream, upstreams)
     how = _rule_behaviour(m)
+    exposure = _rule_exposure(m)
     if mcp.method == "elicitation/create" and "approval" not in m:
         m["method"].fail(
             f"{m['method'].where}: answers to elicitation/create put words in the agent's "
@@ -357,6 +395,10 @@ def _rule(
         volatile=how.volatile,
         replay_repeat_last=how.repeat_last,
         on_state_error=how.on_state_error or "deny",
+        untrusted=exposure.untrusted,
+        sensitive=exposure.sensitive,
+        when_tainted=exposure.when_tainted,
+        evict_after=exposure.evict_after,
         line=node.line,
     )
 

@@ -165,6 +165,13 @@ UPSTREAM = Section(
         Key("limits", LIMITS.description, LIMITS.schema()),
         Key("credentials", CREDENTIALS.description, CREDENTIALS.schema()),
         Key("mcp", MCP_OPTIONS.description, MCP_OPTIONS.schema()),
+        Key(
+            "trust",
+            "untrusted: what it returns can be written by third parties (web pages, mail, "
+            "documents, chat); a run that calls it is tainted, and its sensitive calls then "
+            "need approval. Default: trusted",
+            {"enum": ["trusted", "untrusted"]},
+        ),
         Key("description", "for people", TEXT),
     ),
 )
@@ -258,6 +265,32 @@ RULE = Section(
             "on_state_error",
             "when the state store is down: deny (default) or allow",
             {"enum": ["deny", "allow"]},
+        ),
+        Key(
+            "trust",
+            "untrusted: what this call returns can be written by third parties (web pages, mail, "
+            "documents, chat); a run that makes it is tainted, and its sensitive calls then "
+            "need approval. Default: trusted",
+            {"enum": ["trusted", "untrusted"]},
+        ),
+        Key(
+            "sensitive",
+            "true: a side effect or a way out (sending mail or money, writing data, sharing, "
+            "changing credentials, fetching any URL, messaging anyone); once the run is "
+            "tainted by an untrusted read, each such call needs approval (or is refused)",
+            {"type": "boolean"},
+        ),
+        Key(
+            "evict_after",
+            "throttle, then evict: when this rule's rate or quota has refused a run this many "
+            "times (1: the first time it is exhausted), the run is stopped (revoked), as by an "
+            "operator's stop",
+            {"type": "integer", "minimum": 1, "maximum": 1000000},
+        ),
+        Key(
+            "when_tainted",
+            "a sensitive call of a tainted run: approve (held for a person, default) or deny",
+            {"enum": ["approve", "deny"]},
         ),
     ),
 )

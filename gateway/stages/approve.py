@@ -1,58 +1,79 @@
-"""approve: hold a call whose rules require approval until a person decides."""
+"""approve: hold a call whose rules require approval until a person decides.
+
+What is held is the call as it will be forwarded (its body was read and checked before), so
+the approval binds to it (``gateway/approvals.py``). An approval given under a policy that
+is no longer in force when the decision arrives is refused (``approval_stale``): the person
+approved the call as the old policy judged it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
 
-from gateway.approvals import Approvals
+from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
+from gateway.errors import ApprovalDenied, ApprovalStale
 from gateway.inflight import InFlight
-from gateway.recording.redact import DEFAULT_REDACTOR
-
-REDACT_INLINE = 64 * 1024  # bytes of a held body masked on the event loop; more in a thread
+from gateway.stages.route import PolicySource
 
 
 class Approve:
-    def __init__(self, approvals: Approvals, inflight: InFlight) -> None:
+    def __init__(self, approvals: Approvals, inflight: InFlight, policies: PolicySource) -> None:
         self.approvals = approvals
         self.inflight = inflight
+        self.policies = policies
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
+        if call.taint is not None:
+            return self._hold(call)
         for op in call.operations:
             if op.governed and op.match is not None and op.match.rule.approval:
                 return self._hold(call)
         return None
 
     async def _hold(self, call: Call) -> None:
-        assert call.claims is not None and call.target is not None
+        assert call.claims is not None and call.target is not None and call.policy is not None
         held = [
             op.match.rule.id
             for op in call.operations
-            if op.governed and op.match is not None and op.match.rule.approval
+            if op.governed
+            and op.match is not None
+            and (op.match.rule.approval or (call.taint and op.match.rule.sensitive))
         ]
+        rules = ", ".join(dict.fromkeys(held))
+        why = call.taint or f"rule {rules} requires approval"
+        judged_by = call.policy.digest
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
-        call.approval, decision = await self.approvals.hold(
-            agent=call.claims.agent,
-            run=call.claims.run,
-            rule=", ".join(dict.fromkeys(held)),
-            method=call.method,
-            target=call.raw_target.partition("?")[0],
-            body=await _masked(call.body),
+        try:
+            call.approval, decision = await self._held(call, rules, why, judged_by)
+        except ApprovalDenied as exc:
+            call.operator = exc.operator
+            raise
+        call.operator = decision.by
+        if self.policies.policy.digest != judged_by:
+            raise ApprovalStale(
+                f"approval {call.approval} was given under policy {judged_by}, but policy "
+                f"{self.policies.policy.digest} is in force now; the call was not forwarded: "
+                "send it again to have it checked and held under the policy in force",
+                rule=call.match.rule.id if call.match is not None else None,
+            )
+
+    def _held(
+        self, call: Call, rules: str, why: str, judged_by: str
+    ) -> Awaitable[tuple[str, Decision]]:
+        assert call.claims is not None
+        return self.approvals.hold(
+            HeldCall(
+                agent=call.claims.agent,
+                run=call.claims.run,
+                rule=rules,
+                why=why,
+                method=call.method,
+                target=call.raw_target,
+                body=call.body,
+                tools=tuple(call.tools),
+                policy=judged_by,
+            )
         )
-        call.approved_by = decision.by
-
-
-async def _masked(body: bytes | None) -> bytes | None:
-    """The body as an approver is shown it (``GET /approvals``, the console).
-
-    SECURITY: an approver sees what the agent sends, not the secrets in it: values under
-    sensitive keys, token shapes and URL credentials are masked as in a recording
-    (``gateway/recording/redact.py``); the upstream still gets every byte. About 0.6 s per
-    MiB of JSON, so a large body is masked off the event loop."""
-    if not body:
-        return body
-    if len(body) > REDACT_INLINE:
-        return (await asyncio.to_thread(DEFAULT_REDACTOR.body, body)).data
-    return DEFAULT_REDACTOR.body(body).data

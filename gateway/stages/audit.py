@@ -68,8 +68,8 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         }
     if call.approval is not None:
         record["approval"] = call.approval
-    if call.approved_by is not None:
-        record["operator"] = call.approved_by
+    if call.operator is not None:
+        record["operator"] = call.operator
     if call.state_error_allowed:
         record["state_error_allowed"] = True
     return record

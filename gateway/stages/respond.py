@@ -138,17 +138,25 @@ def refusal(call: Call, err: GatewayError) -> web.Response:
         headers = {"X-Request-Id": call.request_id, **err.headers, **shaped.headers}
         if isinstance(err, TokenError):
             headers["WWW-Authenticate"] = _bearer_challenge(err)
-        return web.Response(
+        response = web.Response(
             status=shaped.status,
             body=shaped.body,
             content_type=shaped.content_type,
             headers=headers,
         )
-    call.status = err.status
-    response = problem_response(err, call.request_id)
-    if err.close_connection:
+    else:
+        call.status = err.status
+        response = problem_response(err, call.request_id)
+    if err.close_connection or _body_left_unread(call):
         response.force_close()
     return response
+
+
+def _body_left_unread(call: Call) -> bool:
+    """A refused call whose body was never read: the connection closes after the answer, so
+    the server does not read (drain) the rest of a body nobody was allowed to send."""
+    request = call.request
+    return request is not None and request.body_exists and not request.content.is_eof()
 
 
 def _past_deadline(call: Call) -> UpstreamTimeout:

@@ -17,12 +17,17 @@ HELD_RULES = ("restart-service", "echo-post")
 
 def console_policy(policy_file: Path) -> Path:
     """The test policy with approval required on ``restart-service`` and on ``echo-post``
-    (any body up to 4 KiB, echoed back: what an approver is shown, byte for byte)."""
+    (any body up to 4 KiB, echoed back: what an approver is shown, byte for byte); the
+    ``logs`` upstream untrusted (reading it taints the run) and ``restart-service`` sensitive
+    (a tainted run's restart is held, and the approver told why)."""
     text = policy_file.read_text()
     for rule in HELD_RULES:
         anchor = f"      - id: {rule}\n"
         assert anchor in text
         text = text.replace(anchor, anchor + "        approval: required\n")
+    text = text.replace("  logs:\n", "  logs:\n    trust: untrusted\n", 1)
+    anchor = "      - id: restart-service\n"
+    text = text.replace(anchor, anchor + "        sensitive: true\n", 1)
     path = policy_file.with_name("console.yaml")
     path.write_text(text)
     return path

@@ -420,3 +420,71 @@ async def test_the_console_fits_a_narrow_screen_in_dark_mode(
     assert background == "rgb(18, 22, 27)"  # the dark palette
     await console.screenshot("narrow-dark")
     assert console.problems == []
+
+
+# --- pause and resume, taint ----------------------------------------------------------------
+
+
+async def _confirm(page: Any, console: Console, action: str, subject: str, shot: str = "") -> None:
+    await page.get_by_role("button", name=f"{action} {subject}").click()
+    dialog = page.get_by_role("dialog")
+    await dialog.get_by_label("Reason").fill(f"{action.lower()} for the test")
+    if shot:
+        await console.screenshot(shot)
+    await dialog.get_by_role("button", name=f"{action} {subject.split()[0]}").click()
+    await page.get_by_text(f"{action}: {subject}.").wait_for(timeout=2000)
+
+
+async def test_pause_holds_the_agents_next_call_until_resume(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["root"])
+    page = console.page
+    other = agent(workspace, "other-bot")
+    assert (await setup.client.get("/echo/echo/before", headers=other)).status == 200
+    await page.get_by_role("button", name="Pause agent other-bot").wait_for(timeout=2000)
+    await _confirm(page, console, "Pause", "agent other-bot")
+    row = page.locator("#subjects tr", has_text="other-bot")
+    await row.get_by_text("paused").wait_for(timeout=3000)
+    call = asyncio.ensure_future(setup.client.get("/echo/echo/waiting", headers=other))
+    await asyncio.sleep(0.5)
+    assert not call.done()  # held by the pause
+    assert (await setup.client.get("/echo/echo/free", headers=agent(workspace))).status == 200
+    await console.screenshot("paused")
+    await _confirm(page, console, "Resume", "agent other-bot")
+    answer = await asyncio.wait_for(call, 5)
+    assert answer.status == 200
+    await row.get_by_text("paused").wait_for(state="hidden", timeout=6000)
+    assert console.problems == []
+
+
+async def test_a_runs_taint_and_its_cause_are_shown_and_asked_about(
+    browser: Any, setup: ConsoleSetup, operators: Operators, workspace: Workspace
+) -> None:
+    console = await open_console(browser, setup, operators.tokens["alice"])
+    page = console.page
+    run = {
+        "Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'], run='run-42')}"
+    }
+    clean = {
+        "Authorization": f"Bearer {workspace.token('sre-bot', ['sre-diagnostics'], run='run-7')}"
+    }
+    assert (await setup.client.get("/metrics/metrics/cpu?window=1m", headers=clean)).status == 200
+    logs = "/logs/logs/application?level=info&limit=5"
+    assert (await setup.client.get(logs, headers=run)).status == 200  # untrusted content
+    tainted = page.locator("#subjects tr", has_text="run-42")
+    await tainted.get_by_text("tainted by upstream logs").wait_for(timeout=2000)
+    await page.locator("#subjects tr", has_text="run-7").get_by_text("clean").wait_for()
+    restart = asyncio.ensure_future(
+        setup.client.post("/services/services/restart", json={"service": "web"}, headers=run)
+    )
+    card = page.locator("#approvals li", has_text="/services/services/restart")
+    await card.wait_for(timeout=3000)
+    why = await card.locator(".why").text_content() or ""
+    assert "logs" in why, why
+    await console.screenshot("taint")
+    await card.get_by_label("Reason").fill("tainted run")
+    await card.get_by_role("button", name="Deny").click()
+    answer = await asyncio.wait_for(restart, 5)
+    assert answer.status == 403
+    assert console.problems == []

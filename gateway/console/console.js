@@ -191,12 +191,16 @@
     $("who-name").textContent = session.name;
     $("who-role").textContent = session.role;
     $("actions-head").hidden = !may("admin");
-    $("admin-hint").textContent = may("admin")
-      ? "Stopping (and pausing, where offered) acts on every gateway sharing the state store."
-      : "Pausing and stopping need the admin role.";
+    $("admin-hint").textContent = may("admin") ? "" : "Pausing and stopping need the admin role.";
     notice("");
     await loadActions();
     if (state.who === null) return; // logged out meanwhile
+    if (may("admin")) {
+      const verbs = [...new Set([...state.offered.agent, ...state.offered.run])];
+      $("admin-hint").textContent = verbs.length
+        ? `Actions (${verbs.join(", ")}) apply on every gateway sharing the state store.`
+        : "This gateway's admin API offers no pause, resume or stop.";
+    }
     $("taint-note").textContent = state.reads.has("/taint")
       ? "Taint: once a run has read untrusted content (an upstream or rule marked untrusted), its sensitive calls need a person; the cause is shown."
       : "Taint: this gateway's admin API does not report a run's taint, so none is shown (no guess is made).";

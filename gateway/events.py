@@ -9,7 +9,8 @@ Bounded in every direction: the hub keeps the last ``keep`` calls for ``GET /cal
 subscriber has a queue of ``queue`` events, and a subscriber that falls that far behind is
 sent ``lagged`` and dropped (it reconnects and reads ``/calls`` to catch up) rather than
 making the gateway hold events for it; at most ``max_subscribers`` streams are open, and one
-operator may hold at most a quarter of them.
+operator may hold at most a quarter of them. The hub also counts decisions since start by
+decision and reason (``GET /stats``), a table bounded by the closed set of reason codes.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ STATUS = {
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.STATE_UNAVAILABLE: 503,
     Reason.AGENT_PAUSED: 503,
+    Reason.AUDIT_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.CLIENT_CLOSED: 499,
 }
@@ -63,7 +64,7 @@ FAMILY = {
     409: E.ApprovalStale,
     502: E.UpstreamError,
     504: E.UpstreamError,
-    503: (E.StateUnavailable, E.GatewayStopping, E.AgentPaused),
+    503: (E.StateUnavailable, E.GatewayStopping, E.AgentPaused, E.AuditUnavailable),
     500: E.InternalError,
     499: E.ClientClosed,
 }
@@ -109,6 +110,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "rate_limited",
         "quota_exhausted",
         "concurrency_limited",
+        "attempts_limited",
         "request_timeout",
         "gateway_stopping",
         "upstream_unavailable",
@@ -117,6 +119,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "payload_too_large",
         "state_unavailable",
         "agent_paused",
+        "audit_unavailable",
         "internal_error",
         "client_closed",
     }

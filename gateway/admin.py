@@ -5,6 +5,7 @@
     GET  /health                     the gateway's health report               viewer
     GET  /calls                      recent calls, newest first (filters)      viewer
     GET  /calls/inflight             calls being held or forwarded now         viewer
+    GET  /stats                      decisions since start, by reason          viewer
     GET  /events                     server-sent events, live (filters)        viewer
     GET  /approvals                  calls held for approval                   viewer
     GET  /taint?run=R | ?jti=J       whether a run (or token) read untrusted content   viewer
@@ -17,16 +18,21 @@
     POST /agents/{agent}/stop        revoke the agent, cut its calls in flight admin
     POST /runs/{run}/pause|resume|stop  the same for one run               admin
     GET  /operators                  operator names and roles                  admin
+    GET  /console/...                the web console (``gateway/admin_console.py``)
 
-Every request but ``/openapi.json`` carries ``Authorization: Bearer <operator token>``; the
-operator it names (``gateway/operators.py``) must hold the route's role. The operator's name
-is recorded with what they do (an approval's audit line says who approved it). Filters are
-exact matches: ``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval);
+Every request but ``/openapi.json`` and the console's page and login carries
+``Authorization: Bearer <operator token>`` (or a console session cookie, with its CSRF
+token on a state-changing request: ``gateway/admin_console.py``); the operator it names
+(``gateway/operators.py``) must hold the route's role. The operator's name is recorded with
+what they do (an approval's audit line says who approved it). Filters are exact matches:
+``agent``, ``run``, ``decision`` (allow|deny), ``type`` (call|approval|operator|taint);
 ``/calls`` also takes ``limit`` (1-1000, default 100). Answers are JSON; refusals are
 problem+json with a stable ``reason``: ``operator_unauthenticated`` (401),
-``operator_forbidden`` (403), ``approval_not_found`` (404), ``approval_mismatch`` (409: the
-decision named another body digest than the held call's), ``admin_request_invalid`` (400),
-``concurrency_limited`` (429, too many event streams).
+``operator_forbidden`` (403), ``cross_site_refused`` and ``csrf_token_invalid`` (403, a
+console session used from another site or without its CSRF token), ``approval_not_found``
+(404), ``approval_mismatch`` (409: the decision named another body digest than the held
+call's), ``admin_request_invalid`` (400), ``concurrency_limited`` (429, too many event
+streams).
 
 What the API shows is built from the closed audit record: no body, query value, header
 value, SQL text or tool argument; agent-chosen names (paths) are data to be escaped by
@@ -46,6 +52,18 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.admin_console import (
+    Refused,
+    console_file,
+    console_login,
+    console_logout,
+    console_page,
+    console_redirect,
+    console_session,
+    identify,
+    install_console,
+    still_allowed,
+)
 from gateway.approvals import Approvals
 from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
 from gateway.events import EventHub, Filters, Subscription, sse
@@ -132,7 +150,7 @@ async def _authorized(request: web.Request, handler: Handler) -> web.StreamRespo
     role = _route_role(request)
     if role is None:  # /openapi.json, and unknown paths (answered 404/405 by the router)
         return await handler(request)
-    operator = request.app[OPERATORS].authenticate(request.headers.get("Authorization", ""))
+    operator = identify(request, request.app[OPERATORS])  # Refused: a cross-site request
     if operator is None:
         return problem(401, "operator_unauthenticated", "a valid operator bearer token is required")
     if not operator.may(role):
@@ -195,6 +213,10 @@ async def _inflight(request: web.Request) -> web.Response:
     return web.json_response({"calls": request.app[CONSOLE].inflight_calls()})
 
 
+async def _stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CONSOLE].events.stats())
+
+
 async def _events(request: web.Request) -> web.StreamResponse:
     hub = request.app[CONSOLE].events
     filters = _filters(request)
@@ -215,12 +237,17 @@ async def _stream(request: web.Request, sub: Subscription) -> web.StreamResponse
     )
     await response.prepare(request)
     await response.write(b": capgate events\n\n")
+    book = request.app[OPERATORS]
     while True:
         try:
             event = await asyncio.wait_for(sub.queue.get(), HEARTBEAT_S)
         except TimeoutError:
+            if not still_allowed(request, book):  # logged out, expired or removed
+                return response
             await response.write(b": keepalive\n\n")
             continue
+        if not still_allowed(request, book):
+            return response
         await response.write(sse(event))
         if event["type"] == "lagged":
             return response
@@ -363,6 +390,8 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
         return await handler(request)
     except _Invalid as exc:
         return problem(400, "admin_request_invalid", str(exc))
+    except Refused as exc:
+        return problem(exc.status, exc.reason, exc.detail)
     except web.HTTPRequestEntityTooLarge:
         return problem(413, "admin_request_invalid", "the request body is too large")
     except web.HTTPNotFound:
@@ -378,10 +407,17 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]], str | None]
 ROUTES: tuple[Route, ...] = (
     ("GET", "/openapi.json", _openapi, None),
+    ("GET", "/console", console_redirect, None),
+    ("GET", "/console/", console_page, None),
+    ("POST", "/console/login", console_login, None),
+    ("GET", "/console/session", console_session, "viewer"),
+    ("POST", "/console/logout", console_logout, "viewer"),
+    ("GET", "/console/{file}", console_file, None),  # after the fixed paths it must not hide
     ("GET", "/whoami", _whoami, "viewer"),
     ("GET", "/health", _health, "viewer"),
     ("GET", "/calls", _calls, "viewer"),
     ("GET", "/calls/inflight", _inflight, "viewer"),
+    ("GET", "/stats", _stats, "viewer"),
     ("GET", "/events", _events, "viewer"),
     ("GET", "/approvals", _approvals, "viewer"),
     ("GET", "/taint", _taint, "viewer"),
@@ -398,6 +434,7 @@ def create_admin_app(console: Console, operators: OperatorBook) -> web.Applicati
     app = web.Application(middlewares=[_problems, _authorized], client_max_size=64 * 1024)
     app[CONSOLE] = console
     app[OPERATORS] = operators
+    install_console(app, operators)
     roles: dict[tuple[str, str], str] = {}
     for method, path, handler, role in ROUTES:
         resource = app.router.add_resource(path)

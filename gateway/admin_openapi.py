@@ -119,6 +119,34 @@ DECIDED: dict[str, Any] = {
     },
 }
 
+STATS: dict[str, Any] = {
+    "type": "object",
+    "description": "Decisions since the gateway started (an MCP call counts once per JSON-RPC "
+    "message, as it is audited).",
+    "required": ["since", "total", "by_decision", "by_reason"],
+    "properties": {
+        "since": {"type": "string"},
+        "total": {"type": "integer"},
+        "by_decision": {
+            "type": "object",
+            "required": ["allow", "deny"],
+            "properties": {"allow": {"type": "integer"}, "deny": {"type": "integer"}},
+        },
+        "by_reason": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["decision", "reason", "count"],
+                "properties": {
+                    "decision": {"enum": ["allow", "deny"]},
+                    "reason": {"type": "string"},
+                    "count": {"type": "integer"},
+                },
+            },
+        },
+    },
+}
+
 TAINT: dict[str, Any] = {
     "type": "object",
     "required": ["key", "tainted", "cause"],
@@ -129,6 +157,21 @@ TAINT: dict[str, Any] = {
             "type": ["object", "null"],
             "properties": {"source": {"type": "string"}, "time": {"type": "string"}},
         },
+    },
+}
+
+SESSION: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "role", "csrf", "expires_in_s"],
+    "properties": {
+        "name": {"type": "string"},
+        "role": {"enum": ["viewer", "approver", "admin"]},
+        "csrf": {
+            "type": ["string", "null"],
+            "description": "send as X-CSRF-Token on every state-changing request made with "
+            "the session cookie (null when authenticated by a Bearer header)",
+        },
+        "expires_in_s": {"type": ["integer", "null"]},
     },
 }
 
@@ -193,6 +236,25 @@ def _op(summary: str, role: str | None, responses: dict[str, Any], **extra: Any)
     return op
 
 
+def _page(summary: str) -> dict[str, Any]:
+    return {
+        "get": _op(
+            summary,
+            None,
+            {
+                "200": {
+                    "description": "a static file of the console (it holds no data)",
+                    "content": {
+                        kind: {"schema": {"type": "string"}}
+                        for kind in ("text/html", "text/css", "text/javascript")
+                    },
+                },
+                "404": _problem("admin_not_found"),
+            },
+        )
+    }
+
+
 def _act(whom: str) -> dict[str, Any]:
     """Pause, resume or stop an agent or a run."""
     return {
@@ -232,15 +294,79 @@ def _act(whom: str) -> dict[str, Any]:
     }
 
 
+def _console_paths() -> dict[str, Any]:
+    return {
+        "/console": {
+            "get": _op("Redirects to /console/", None, {"308": {"description": "to /console/"}})
+        },
+        "/console/": _page("The web console's page"),
+        "/console/login": {
+            "post": _op(
+                "Exchange an operator token for a console session: an HttpOnly, "
+                "SameSite=Strict cookie, and a CSRF token in the answer",
+                None,
+                {
+                    "200": _json(SESSION, "logged in"),
+                    "400": _problem("admin_request_invalid"),
+                    "401": _problem("operator_unauthenticated: not an operator token"),
+                    "403": _problem("cross_site_refused"),
+                },
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["token"],
+                                "additionalProperties": False,
+                                "properties": {"token": {"type": "string"}},
+                            }
+                        }
+                    },
+                },
+            )
+        },
+        "/console/session": {
+            "get": _op(
+                "The session's operator and CSRF token",
+                "viewer",
+                {"200": _json(SESSION, "the session")},
+            )
+        },
+        "/console/logout": {
+            "post": _op(
+                "End the console session (and clear its cookie)",
+                "viewer",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["ended"],
+                            "properties": {"ended": {"type": "boolean"}},
+                        },
+                        "ended",
+                    )
+                },
+            )
+        },
+        "/console/{file}": _page("The console's stylesheet and script (console.css, console.js)"),
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "capgate admin API", "version": __version__},
         "components": {
-            "securitySchemes": {"operator": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "operator": {"type": "http", "scheme": "bearer"},
+                # The console's session (POST /console/login); a state-changing request made
+                # with it also carries X-CSRF-Token.
+                "console": {"type": "apiKey", "in": "cookie", "name": "capgate_session"},
+            },
             "schemas": {"Problem": PROBLEM, "Call": CALL, "InFlight": INFLIGHT, "Pending": PENDING},
         },
-        "security": [{"operator": []}],
+        "security": [{"operator": []}, {"console": []}],
         "paths": {
             "/openapi.json": {
                 "get": _op(
@@ -283,6 +409,13 @@ def openapi_document() -> dict[str, Any]:
                             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                         },
                     ],
+                )
+            },
+            "/stats": {
+                "get": _op(
+                    "Decisions since start: in all, by decision, by decision and reason",
+                    "viewer",
+                    {"200": _json(STATS, "counts")},
                 )
             },
             "/calls/inflight": {
@@ -403,6 +536,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 )
             },
+            **_console_paths(),
             "/operators": {
                 "get": _op(
                     "Operator names and roles",

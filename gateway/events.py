@@ -9,7 +9,8 @@ Bounded in every direction: the hub keeps the last ``keep`` calls for ``GET /cal
 subscriber has a queue of ``queue`` events, and a subscriber that falls that far behind is
 sent ``lagged`` and dropped (it reconnects and reads ``/calls`` to catch up) rather than
 making the gateway hold events for it; at most ``max_subscribers`` streams are open, and one
-operator may hold at most a quarter of them.
+operator may hold at most a quarter of them. The hub also counts decisions since start by
+decision and reason (``GET /stats``), a table bounded by the closed set of reason codes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,6 +85,9 @@ class EventHub:
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     streams: Shares = field(init=False)
+    # Decisions since start by (decision, reason): bounded by the closed set of reason codes.
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    since: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.keep)
@@ -95,6 +100,7 @@ class EventHub:
     def call_ended(self, call: Call, records: Sequence[AuditRecord]) -> None:
         for record in records:
             event: dict[str, Any] = {"type": "call", **record}
+            self.counts[(record["decision"], record["reason"])] += 1
             self.recent.append(event)
             self.publish(event)
 
@@ -117,6 +123,22 @@ class EventHub:
                 if len(out) >= limit:
                     break
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """Decisions since start: in all, by decision, and by decision and reason (most
+        frequent first). An MCP call counts once per JSON-RPC message, as it is audited."""
+        by_decision: Counter[str] = Counter()
+        for (decision, _), count in self.counts.items():
+            by_decision[decision] += count
+        return {
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+            "total": sum(by_decision.values()),
+            "by_decision": {"allow": by_decision["allow"], "deny": by_decision["deny"]},
+            "by_reason": [
+                {"decision": decision, "reason": reason, "count": count}
+                for (decision, reason), count in self.counts.most_common()
+            ],
+        }
 
     @contextmanager
     def subscribe(self, filters: Filters, who: str) -> Iterator[Subscription]:

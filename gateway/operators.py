@@ -106,8 +106,24 @@ class OperatorBook:
         for digest, operator in self._digests:
             if hmac.compare_digest(presented, digest):
                 found = operator
-        if self._legacy is not None and hmac.compare_digest(token.encode(), self._legacy):
+        presented_token = token.encode("utf-8", "surrogateescape")  # header bytes as sent
+        if self._legacy is not None and hmac.compare_digest(presented_token, self._legacy):
             found = found or Operator("admin", "admin")
+        return found
+
+    def by_digest(self, digest: str) -> Operator | None:
+        """The operator whose token has this SHA-256 digest, or None. A console session keeps
+        the digest, not the token, so removing an operator or giving them a new token ends
+        their sessions, and a changed role applies at once. Compared in constant time."""
+        found: Operator | None = None
+        presented = digest.encode()
+        for known, operator in self._digests:
+            if hmac.compare_digest(presented, known):
+                found = operator
+        if self._legacy is not None:
+            legacy = token_digest(self._legacy.decode("utf-8", "surrogateescape")).encode()
+            if hmac.compare_digest(presented, legacy):
+                found = found or Operator("admin", "admin")
         return found
 
     def names(self) -> list[dict[str, str]]:

@@ -312,8 +312,7 @@ class Approvals:
         call = pending.call
         if decision is EXPIRED:
             raise ApprovalTimeout(
-                f"nobody approved this call within {int(self.timeout)} s "
-                f"(approval {pending.id})",
+                f"nobody approved this call within {int(self.timeout)} s (approval {pending.id})",
                 rule=call.rule,
             )
         if not decision.approved:

@@ -4,6 +4,12 @@ What is held is the call as it will be forwarded (its body was read and checked 
 the approval binds to it (``gateway/approvals.py``). An approval given under a policy that
 is no longer in force when the decision arrives is refused (``approval_stale``): the person
 approved the call as the old policy judged it.
+
+MCP clients give up on a silent call after a few minutes: a held ``tools/call`` is answered
+past its upstream's ``mcp: {approval_patience}`` (``approval_pending``, a tool result the
+model reads, with the approval's id). Its approval stays pending; the same call sent again
+(``protocols/mcp.approval_key``: same agent, run, upstream, tool and arguments, whatever its
+JSON-RPC id) attaches to it, and runs once approved, once.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from collections.abc import Awaitable
 
 from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
-from gateway.errors import ApprovalDenied, ApprovalStale
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalStale
 from gateway.inflight import InFlight
+from gateway.protocols.mcp import approval_key
 from gateway.stages.route import PolicySource
 
 
@@ -51,6 +58,9 @@ class Approve:
         except ApprovalDenied as exc:
             call.operator = exc.operator
             raise
+        except ApprovalPending as exc:
+            call.approval = exc.approval  # still pending: the audit line names it
+            raise
         call.operator = decision.by
         if self.policies.policy.digest != judged_by:
             raise ApprovalStale(
@@ -64,6 +74,12 @@ class Approve:
         self, call: Call, rules: str, why: str, judged_by: str
     ) -> Awaitable[tuple[str, Decision]]:
         assert call.claims is not None
+        key = patience = None
+        if call.upstream is not None and call.upstream.kind == "mcp":
+            # An MCP client gives up on a silent call: answered past the upstream's patience,
+            # the approval stays pending for the same call sent again.
+            key = approval_key(call)
+            patience = call.upstream.mcp_approval_patience if key is not None else None
         return self.approvals.hold(
             HeldCall(
                 agent=call.claims.agent,
@@ -75,5 +91,7 @@ class Approve:
                 body=call.body,
                 tools=tuple(call.tools),
                 policy=judged_by,
-            )
+            ),
+            key=key,
+            patience=patience,
         )

@@ -142,6 +142,7 @@ class Approvals:
         self.on_event = on_event
         self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
         self._poller: asyncio.Task[None] | None = None
+        self._closing = False
 
     def _tell(self, pending: Pending, state: str, decision: Decision | None = None) -> None:
         if self.on_event is None:
@@ -244,6 +245,9 @@ class Approvals:
                     rule=call.rule,
                 ) from None
             except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() == 0 and not self._closing:
+                    continue  # not this call: the approval was withdrawn by another's end
                 if key is None:  # nobody can attach to it: it ends with its caller
                     pending.life.cancel()
                 raise
@@ -301,6 +305,14 @@ class Approvals:
             pending.linger = loop.call_later(self.timeout, self._forget_key, pending)
         return decision
 
+    def withdraw(self, key: str) -> None:
+        """The call that waits on the approval ``key`` was revoked or cut: the approval ends
+        with it instead of staying pending for a retry."""
+        pending = self._keyed.get(key)
+        if pending is not None:
+            self._forget_key(pending)
+            pending.life.cancel()
+
     def _forget_key(self, pending: Pending) -> None:
         if pending.key is not None and self._keyed.get(pending.key) is pending:
             del self._keyed[pending.key]
@@ -326,6 +338,7 @@ class Approvals:
 
     async def close(self) -> None:
         """End the pending approvals' waits (the gateway stops)."""
+        self._closing = True
         lives = [p.life for p in self._keyed.values()] + [p.life for p in self._pending.values()]
         for life in lives:
             life.cancel()

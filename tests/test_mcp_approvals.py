@@ -27,12 +27,12 @@ TOOLS = "    kind: mcp\n  kind-tools:\n"
 APPROVAL_ID = re.compile(r"approval ([0-9a-f]{16})")
 
 
-def patient_policy(policy_file: Path) -> Path:
+def patient_policy(policy_file: Path, patience: str = "300ms") -> Path:
     text = policy_file.read_text()
     assert GET_ORDER in text and TOOLS in text
     text = text.replace(GET_ORDER, GET_ORDER + "        approval: required\n")
     text = text.replace(
-        TOOLS, "    kind: mcp\n    mcp: {approval_patience: 300ms}\n  kind-tools:\n"
+        TOOLS, f"    kind: mcp\n    mcp: {{approval_patience: {patience}}}\n  kind-tools:\n"
     )
     path = policy_file.with_name("patient.yaml")
     path.write_text(text)
@@ -40,7 +40,7 @@ def patient_policy(policy_file: Path) -> Path:
 
 
 @pytest.fixture
-async def patient(
+def start(
     serve_gateway: Any,
     settings: Settings,
     workspace: Workspace,
@@ -48,17 +48,25 @@ async def patient(
     token_file: Path,  # noqa: F811 (the fixture)
     mocks: Mocks,
 ) -> Any:
-    s = dataclasses.replace(
-        settings,
-        policy=patient_policy(policy_file),
-        admin_port=0,
-        admin_token_file=token_file,
-        approval_timeout=10.0,
-    )
-    mocks.clear()
-    gw = build_gateway(s, workspace.environ())
-    client = await serve_gateway(gw)
-    return gw, client, s
+    async def started(patience: str) -> Any:
+        s = dataclasses.replace(
+            settings,
+            policy=patient_policy(policy_file, patience),
+            admin_port=0,
+            admin_token_file=token_file,
+            approval_timeout=10.0,
+        )
+        mocks.clear()
+        gw = build_gateway(s, workspace.environ())
+        client = await serve_gateway(gw)
+        return gw, client, s
+
+    return started
+
+
+@pytest.fixture
+async def patient(start: Any) -> Any:
+    return await start("300ms")
 
 
 def tool_calls_received(mocks: Mocks) -> list[dict[str, Any]]:
@@ -181,4 +189,29 @@ async def test_a_retry_after_the_expiry_is_approval_timeout(
         with pytest.raises(MCPError) as err:
             await mcp.call_tool("get_order", {"order_id": 5})
         assert "approval_timeout" in str(err.value)
+    assert tool_calls_received(mocks) == []
+
+
+async def test_a_revocation_ends_the_call_and_its_approval(
+    start: Any, token: Any, mocks: Mocks
+) -> None:
+    gw, client, _ = await start("30s")
+    tok = token("mcp-bot", ["mcp-agent"])
+    headers = {"Authorization": f"Bearer {tok}", "Accept": "application/json, text/event-stream"}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "get_order", "arguments": {"order_id": 6}},
+    }
+    answer = asyncio.ensure_future(client.post("/tools/mcp", headers=headers, json=message))
+    for _ in range(200):
+        if await gw.approvals.pending():
+            break
+        await asyncio.sleep(0.01)
+    assert len(await gw.approvals.pending()) == 1
+    await gw.state.revoke("agent", "mcp-bot")
+    body = await (await answer).json()
+    assert body["error"]["data"]["reason"] == "token_revoked"
+    assert await gw.approvals.pending() == []
     assert tool_calls_received(mocks) == []

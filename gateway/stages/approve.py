@@ -61,6 +61,13 @@ class Approve:
         except ApprovalPending as exc:
             call.approval = exc.approval  # still pending: the audit line names it
             raise
+        except asyncio.CancelledError:
+            # Revoked or cut while it waited: its approval ends with it. (An agent that hung
+            # up leaves it pending: its retry attaches to it.)
+            key = self._key(call)
+            if call.revoked is not None and key is not None:
+                self.approvals.withdraw(key)
+            raise
         call.operator = decision.by
         if self.policies.policy.digest != judged_by:
             raise ApprovalStale(
@@ -70,16 +77,21 @@ class Approve:
                 rule=call.match.rule.id if call.match is not None else None,
             )
 
+    @staticmethod
+    def _key(call: Call) -> str | None:
+        """What a held MCP tools/call sent again must match to attach to its approval."""
+        if call.upstream is None or call.upstream.kind != "mcp":
+            return None
+        return approval_key(call)
+
     def _held(
         self, call: Call, rules: str, why: str, judged_by: str
     ) -> Awaitable[tuple[str, Decision]]:
-        assert call.claims is not None
-        key = patience = None
-        if call.upstream is not None and call.upstream.kind == "mcp":
-            # An MCP client gives up on a silent call: answered past the upstream's patience,
-            # the approval stays pending for the same call sent again.
-            key = approval_key(call)
-            patience = call.upstream.mcp_approval_patience if key is not None else None
+        assert call.claims is not None and call.upstream is not None
+        key = self._key(call)
+        # An MCP client gives up on a silent call: answered past the upstream's patience, the
+        # approval stays pending for the same call sent again.
+        patience = call.upstream.mcp_approval_patience if key is not None else None
         return self.approvals.hold(
             HeldCall(
                 agent=call.claims.agent,

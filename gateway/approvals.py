@@ -20,6 +20,14 @@ With Redis state the pending approvals are published on a shared board
 them all and may decide any of them, exactly once; the holding gateway reads the decisions
 of its pending approvals a few times a second. With memory state the board is this process.
 
+A held MCP ``tools/call`` outlives its caller (``hold(key=..., patience=...)``): past the
+patience the caller is answered ``approval_pending`` and the approval stays pending in a
+task of its own until its deadline; a call with the same key (``protocols/mcp.approval_key``)
+attaches to it. Once decided it is remembered for another ``timeout``: the first call with
+its key to come takes an approval (the others are held anew), a denial or expiry answers
+every one. The record keeps its agent's slot until it is decided; a revocation of the call
+that waits on it withdraws it.
+
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.
 """

@@ -193,6 +193,45 @@ def _op(summary: str, role: str | None, responses: dict[str, Any], **extra: Any)
     return op
 
 
+def _act(whom: str) -> dict[str, Any]:
+    """Pause, resume or stop an agent or a run."""
+    return {
+        "post": _op(
+            f"Pause, resume or stop {whom}",
+            "admin",
+            {
+                "200": _json(ACTED, "done"),
+                "400": _problem("admin_request_invalid"),
+                "503": _problem("state_unavailable: the store could not record it"),
+            },
+            parameters=[
+                {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+                {
+                    "name": "verb",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"enum": ["pause", "resume", "stop"]},
+                },
+            ],
+            requestBody={
+                "required": False,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "reason": {"type": "string", "maxLength": 500},
+                                "for_s": {"type": "number", "minimum": 1},
+                            },
+                        }
+                    }
+                },
+            },
+        )
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -342,86 +381,8 @@ def openapi_document() -> dict[str, Any]:
                     },
                 )
             },
-            "/agents/{name}/{verb}": {
-                "post": _op(
-                    "Pause, resume or stop an agent (pause: hold its new calls; stop: revoke it)",
-                    "admin",
-                    {
-                        "200": _json(ACTED, "done"),
-                        "400": _problem("admin_request_invalid"),
-                        "503": _problem("state_unavailable: the store could not record it"),
-                    },
-                    parameters=[
-                        {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        },
-                        {
-                            "name": "verb",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"enum": ["pause", "resume", "stop"]},
-                        },
-                    ],
-                    requestBody={
-                        "required": False,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "reason": {"type": "string", "maxLength": 500},
-                                        "for_s": {"type": "number", "minimum": 1},
-                                    },
-                                }
-                            }
-                        },
-                    },
-                )
-            },
-            "/runs/{name}/{verb}": {
-                "post": _op(
-                    "Pause, resume or stop a run",
-                    "admin",
-                    {
-                        "200": _json(ACTED, "done"),
-                        "400": _problem("admin_request_invalid"),
-                        "503": _problem("state_unavailable: the store could not record it"),
-                    },
-                    parameters=[
-                        {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        },
-                        {
-                            "name": "verb",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"enum": ["pause", "resume", "stop"]},
-                        },
-                    ],
-                    requestBody={
-                        "required": False,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "reason": {"type": "string", "maxLength": 500},
-                                        "for_s": {"type": "number", "minimum": 1},
-                                    },
-                                }
-                            }
-                        },
-                    },
-                )
-            },
+            "/agents/{name}/{verb}": _act("an agent (pause: hold its new calls; stop: revoke it)"),
+            "/runs/{name}/{verb}": _act("a run"),
             "/pauses": {
                 "get": _op(
                     "Agents and runs paused now",

@@ -28,9 +28,12 @@ from aiohttp import web
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
+from gateway.audit_anchor import Anchor, AnchorSpec
 from gateway.audit_record import BodyMac
-from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
+from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
+from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
+from gateway.check_workers import CheckWorkers
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError, StateUnavailable
@@ -130,6 +133,7 @@ class Gateway:
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
     upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
+    check_workers: CheckWorkers = field(default_factory=CheckWorkers)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
     events: EventHub = field(default_factory=EventHub)
@@ -159,8 +163,12 @@ class Gateway:
                 taints=self.taints,
                 notify=self.events.publish,
                 pause_hold=self.settings.pause_hold,
+                check_workers=self.check_workers,
+                decisions=self.audit if self.audit.path is not None else None,
             )
         )
+        if self.audit.path is not None:
+            self.guard.refused = self.audit.count_refusal
 
     @property
     def policy(self) -> Policy:
@@ -196,13 +204,15 @@ class Gateway:
         """The health check's status and body (agents' port and admin API alike)."""
         state = await self.state.health()
         background = self.watch.health()
-        ok = bool(state.get("reachable", False)) and background["ok"]
+        audit = self.audit.health()
+        ok = bool(state.get("reachable", False)) and background["ok"] and audit["ok"]
         body = {
             "status": "ok" if ok else "degraded",
             "version": __version__,
             "policy": {"source": self.policy.source, "digest": self.policy.digest},
             "state": state,
             "background": background,
+            "audit": audit,
             "connections": {
                 "open": self.guard.open,
                 "max": self.guard.max_connections,
@@ -210,6 +220,7 @@ class Gateway:
             },
             "upstreams_in_flight": self.upstream_shares.snapshot(),
             "held_by_pause": self.pipeline.pause.held.snapshot(),
+            "check_workers": self.check_workers.snapshot(),
         }
         if self.webhook is not None:
             body["approval_webhook"] = self.webhook.health()
@@ -402,7 +413,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         report_path=settings.replay_report,
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
-    audit = AuditTrail(settings.audit)
+    audit = build_audit_trail(settings)
     telemetry = Telemetry(settings.traces)
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
@@ -445,6 +456,32 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
 
 
+def build_audit_trail(settings: Settings) -> AuditTrail:
+    """The audit trail as configured: its signing key made (0600) and published in the
+    audit JWKS when absent; nothing is opened yet (``running``)."""
+    if settings.audit is None:
+        return AuditTrail(None)
+    signer = CheckpointSigner.load_or_create(
+        signing_key_path(settings.audit, settings.audit_signing_key)
+    )
+    signer.publish(jwks_path(settings.audit, settings.audit_jwks))
+    options = TrailOptions(
+        fsync=settings.audit_fsync,
+        mirror=settings.audit_mirror,
+        checkpoint_lines=settings.audit_checkpoint_lines,
+        checkpoint_interval=settings.audit_checkpoint_interval,
+        rotate_size=settings.audit_rotate_size,
+        rotate_interval=settings.audit_rotate_interval,
+        gateway_id=settings.audit_gateway_id,
+    )
+    spec = settings.audit_anchor
+    if spec is None and settings.state.startswith(("redis://", "rediss://")):
+        # A fleet with Redis: each gateway's latest checkpoint is kept there by default.
+        spec = AnchorSpec("redis", settings.state)
+    anchor = Anchor(spec) if spec is not None else None
+    return AuditTrail(settings.audit, options, signer=signer, anchor=anchor)
+
+
 async def _health(gw: Gateway) -> web.Response:
     status, body = await gw.health_report()
     return web.json_response(body, status=status)
@@ -471,6 +508,7 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         if gw.webhook is not None:
             await gw.webhook.close()
         await gw.transport.close()
+        gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
         gw.telemetry.close()
@@ -518,7 +556,7 @@ async def _watch(gw: Gateway) -> None:
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
     _reload_operators(gw)
-    gw.audit.flush()
+    gw.audit.tick()
     summary = gw.guard.summarise(now)
     if summary is not None:
         log.warning("%s", summary)

@@ -8,7 +8,8 @@
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
     capgate policy schema
-    capgate audit verify FILE
+    capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
+    capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
     capgate recording import-har HAR DIR --map URL=UP
@@ -90,6 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
         "created 0600 when absent)",
     )
     s.add_argument(
+        "--audit-fsync", help="always (sync before forwarding), a duration (default 1s), never"
+    )
+    s.add_argument("--audit-mirror", help="a second copy of every audit line (another volume)")
+    s.add_argument(
+        "--audit-signing-key", help="Ed25519 key of the checkpoints (default <audit>.signing.pem)"
+    )
+    s.add_argument("--audit-jwks", help="where its public key is published (<audit>.jwks.json)")
+    s.add_argument(
+        "--audit-anchor", help="where checkpoints are kept: file:PATH, exec:COMMAND, redis"
+    )
+    s.add_argument("--audit-checkpoint-lines", help="a checkpoint every N lines (1000)")
+    s.add_argument("--audit-checkpoint-interval", help="and every T (10s)")
+    s.add_argument("--audit-rotate-size", help="rotate the audit file at this size, e.g. 100MB")
+    s.add_argument("--audit-rotate-interval", help="rotate the audit file this often, e.g. 24h")
+    s.add_argument("--audit-gateway-id", help="this gateway's name in checkpoints (host name)")
+    s.add_argument(
         "--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials"
     )
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
@@ -167,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     psub.add_parser(
         "schema", help="print the JSON Schema of the policy file (for editors and linters)"
     )
+    pg = psub.add_parser(
+        "grants", help="print the database grants that mirror a rule's sql: policy"
+    )
+    pg.add_argument("--dialect", required=True, choices=("postgres", "sqlite"))
+    pg.add_argument("--role", required=True, help="the database role that gets the grants")
+    pg.add_argument("--rule", help="the rule (needed when several check SQL of the dialect)")
+    pg.add_argument("--statement-timeout", default="5s", help="postgres: the role's timeout")
+    pg.add_argument("--source", default="full.db", help="sqlite: the full database to copy")
+    pg.add_argument("policy", nargs="?", type=Path, default=Path("policy.yaml"))
     pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
     pt.add_argument("--policy", required=True, type=Path)
     pt.add_argument("recording", type=Path)
@@ -209,10 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve options (--policy, --jwks, ...), then -- COMMAND ...",
     )
 
-    a = sub.add_parser("audit", help="the audit trail")
-    asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
-    av = asub.add_parser("verify", help="check the hash chain of an audit file")
-    av.add_argument("file", type=Path)
+    from gateway.commands.audit import add_audit_parsers
+
+    add_audit_parsers(sub, _Parser)
 
     r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
     g = r.add_mutually_exclusive_group(required=True)
@@ -313,6 +338,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
         from gateway.commands.recording import cmd_policy_test
 
         return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
+    if args.policy_command == "grants":
+        return _cmd_policy_grants(args)
     if args.policy_command == "check":
         bad = 0
         for path in args.files:
@@ -366,18 +393,39 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from gateway.audit_trail import verify
+def _cmd_policy_grants(args: argparse.Namespace) -> int:
+    from gateway.commands.grants import GrantsError, print_grants
+    from gateway.policy.load import load_policy
+    from gateway.policy_file import PolicyError
 
     try:
-        count, broken = verify(args.file)
-    except OSError as exc:
-        raise CliError(f"{args.file}: {exc.strerror}") from None
-    if broken is not None:
-        print(f"{args.file}:{broken.line}: {broken.message} ({count} lines verified before it)")
-        return EXIT_NEGATIVE
-    print(f"{args.file}: ok, {count} lines, hash chain intact")
-    return EXIT_OK
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        raise CliError(f"policy has errors:\n{exc}") from None
+    try:
+        grants = print_grants(
+            policy,
+            dialect=args.dialect,
+            role=args.role,
+            rule_id=args.rule,
+            statement_timeout=args.statement_timeout,
+            source=args.source,
+        )
+    except GrantsError as exc:
+        raise CliError(str(exc)) from None
+    sys.stdout.write(grants.text())
+    return EXIT_OK if grants.complete else EXIT_NEGATIVE
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from gateway.commands.audit import AuditCliError, cmd_audit_query, cmd_audit_verify
+
+    try:
+        if args.audit_command == "query":
+            return cmd_audit_query(args)
+        return cmd_audit_verify(args)
+    except AuditCliError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_recording(args: argparse.Namespace) -> int:

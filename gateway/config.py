@@ -22,6 +22,17 @@ upstream_key           (none)               private key for agent-jwt upstream c
 secrets_dir            policy file's dir    where relative ``file:`` secret references live
 audit                  capgate-audit.jsonl  audit file ("-" or "" for none)
 audit_key              <audit file>.key     key of the audit's body digests (made 0600 if absent)
+audit_fsync            1s                   ``always`` (before forwarding), a duration, ``never``
+audit_mirror           (none)               a second copy of every line (another volume)
+audit_signing_key      <audit>.signing.pem  Ed25519 key of the checkpoints (made 0600 if absent)
+audit_jwks             <audit>.jwks.json    where its public key is published (keys kept)
+audit_anchor           (none)               file:PATH, exec:COMMAND, redis or redis://...
+audit_checkpoint_lines 1000                 a signed checkpoint at least every N lines, and
+audit_checkpoint_      10s                  ... every T (when lines were written); the key
+ interval                                   is ``audit_checkpoint_interval``
+audit_rotate_size      (none)               rotate the audit file at this size (e.g. 100MB)
+audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
+audit_gateway_id       host name            this gateway's name in checkpoints and anchors
 state                  memory               ``memory`` or ``redis://host:port/db``
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
@@ -50,12 +61,15 @@ traces                 (none: off)          OpenTelemetry spans: ``console`` or 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.audit_anchor import AnchorSpec
+from gateway.audit_trail import FsyncPolicy
 from gateway.errors import ConfigError
 from gateway.policy_file import parse_duration, parse_size
 from gateway.tokens import ALGORITHMS, TokenSettings
@@ -72,6 +86,16 @@ class Settings:
     secrets_dir: Path | None = None
     audit: Path | None = Path("capgate-audit.jsonl")
     audit_key: Path | None = None  # None: the audit file's name + ".key"
+    audit_fsync: FsyncPolicy = FsyncPolicy()
+    audit_mirror: Path | None = None
+    audit_signing_key: Path | None = None  # None: the audit file's name + ".signing.pem"
+    audit_jwks: Path | None = None  # None: the audit file's name + ".jwks.json"
+    audit_anchor: AnchorSpec | None = None
+    audit_checkpoint_lines: int = 1000
+    audit_checkpoint_interval: float = 10.0
+    audit_rotate_size: int | None = None
+    audit_rotate_interval: float | None = None
+    audit_gateway_id: str = field(default_factory=socket.gethostname)
     state: str = "memory"
     mode: str = "live"
     recordings: Path | None = None
@@ -203,6 +227,16 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "secrets_dir": _optional_path,
     "audit": _optional_path,
     "audit_key": _optional_path,
+    "audit_fsync": FsyncPolicy.parse,
+    "audit_mirror": _optional_path,
+    "audit_signing_key": _optional_path,
+    "audit_jwks": _optional_path,
+    "audit_anchor": _text,  # parsed once the state URL is known (``redis`` uses it)
+    "audit_checkpoint_lines": lambda v: _count(v, 1, 10_000_000),
+    "audit_checkpoint_interval": _positive_duration,
+    "audit_rotate_size": _size,
+    "audit_rotate_interval": _positive_duration,
+    "audit_gateway_id": _text,
     "state": _state,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
@@ -248,6 +282,15 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must be a mapping of settings")
     return data
+
+
+def _anchor(given: tuple[str, Any], state: str | None) -> AnchorSpec:
+    """``audit_anchor`` once the state URL is known (``redis`` names the state's Redis)."""
+    where, value = given
+    try:
+        return AnchorSpec.parse(_text(value), state)
+    except ValueError as exc:
+        raise ConfigError(f"{where} has value {value!r}; {exc}") from None
 
 
 def process_environ() -> Mapping[str, str]:
@@ -296,6 +339,8 @@ def load_settings(
         )
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
+    if "audit_anchor" in values:
+        values["audit_anchor"] = _anchor(raw["audit_anchor"], values.get("state"))
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
     ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")

@@ -14,7 +14,8 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
     │   └── UnsupportedMediaType (415) unsupported_media_type
     ├── PayloadTooLarge (413)       payload_too_large
-    ├── Throttled (429)             rate_limited, quota_exhausted
+    ├── Throttled (429)             rate_limited, quota_exhausted, concurrency_limited,
+    │                               attempts_limited
     ├── ApprovalTimeout (408)       approval_timeout
     ├── ApprovalStale (409)         approval_stale
     ├── ApprovalPending (202)       approval_pending (held past the MCP client's patience)
@@ -23,6 +24,7 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
     ├── AgentPaused (503)           agent_paused (Retry-After)
+    ├── AuditUnavailable (503)      audit_unavailable
     ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
@@ -68,6 +70,7 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
+    ATTEMPTS_LIMITED = "attempts_limited"
     REQUEST_TIMEOUT = "request_timeout"
     GATEWAY_STOPPING = "gateway_stopping"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -76,6 +79,7 @@ class Reason(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
     AGENT_PAUSED = "agent_paused"
+    AUDIT_UNAVAILABLE = "audit_unavailable"
     INTERNAL_ERROR = "internal_error"
     CLIENT_CLOSED = "client_closed"
 
@@ -331,6 +335,14 @@ class RateLimited(Throttled):
     reason = Reason.RATE_LIMITED
 
 
+class AttemptsLimited(Throttled):
+    """Raised when the agent's attempts at a rule (allowed or not, counted before the payload
+    is checked) are used up for now."""
+
+    reason = Reason.ATTEMPTS_LIMITED
+    title = "Too many attempts"
+
+
 class QuotaExhausted(Throttled):
     """Raised when the run's quota of calls (in total or for the rule) is spent."""
 
@@ -446,6 +458,19 @@ class AgentPaused(GatewayError):
     title = "Agent paused"
 
 
+class AuditUnavailable(GatewayError):
+    """Raised when the audit trail cannot be written (disk full, permission, file gone): an
+    allowed call is not forwarded without its line (fail closed)."""
+
+    status = 503
+    reason = Reason.AUDIT_UNAVAILABLE
+    title = "Audit trail unavailable"
+
+    def __init__(self, detail: str, **kwargs: Any) -> None:
+        super().__init__(detail, **kwargs)
+        self.headers.setdefault("Retry-After", "1")
+
+
 class ClientClosed(GatewayError):
     """Raised when the agent closes its connection before its call is answered (nothing
     more is sent; the status is nginx's 499, never seen by the agent)."""
@@ -500,6 +525,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
+    Reason.ATTEMPTS_LIMITED: AttemptsLimited,
     Reason.REQUEST_TIMEOUT: RequestTimeout,
     Reason.GATEWAY_STOPPING: GatewayStopping,
     Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,
@@ -508,6 +534,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
     Reason.AGENT_PAUSED: AgentPaused,
+    Reason.AUDIT_UNAVAILABLE: AuditUnavailable,
     Reason.INTERNAL_ERROR: InternalError,
     Reason.CLIENT_CLOSED: ClientClosed,
 }

@@ -1,9 +1,9 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> pause -> match_policy -> validate -> throttle
-            -> taint_gate -> approve -> inject
-            -> taint_mark -> dispatch (live upstream | recorder | replay) -> respond
-            -> audit (observers)
+    receive -> route -> authenticate -> pause -> match_policy -> count_attempts -> validate
+            -> throttle -> taint_gate -> approve -> inject
+            -> audit the decision (written before anything is forwarded) -> taint_mark
+            -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
 that escapes is a bug: it is logged with its traceback, and the call is denied with
@@ -26,7 +26,8 @@ from aiohttp import web
 
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
-from gateway.call import Call, CallObserver, CallProtocol
+from gateway.call import Call, CallObserver, CallProtocol, DecisionLog
+from gateway.check_workers import CheckWorkers
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
 from gateway.inflight import InFlight
@@ -34,6 +35,7 @@ from gateway.shares import UpstreamShares
 from gateway.stages.approve import Approve
 from gateway.stages.audit import Audit
 from gateway.stages.authenticate import Authenticate, RevocationCheck
+from gateway.stages.count_attempts import CountAttempts
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
@@ -73,6 +75,8 @@ class Services:
     taints: Taints
     notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
     pause_hold: float = 300.0  # how long a call of a paused agent or run is held
+    check_workers: CheckWorkers | None = None  # heavy payload checks off the event loop
+    decisions: DecisionLog | None = None  # the audit trail: allowed decisions, before forwarding
 
 
 def new_request_id() -> str:
@@ -93,7 +97,8 @@ class Pipeline:
             Authenticate(services.verifier, self.revocation),
             self.pause,
             MatchPolicy(),
-            Validate(),
+            CountAttempts(services.state),
+            Validate(services.check_workers),
             Throttle(services.state, on_evict=services.notify),
             TaintGate(services.taints),
             Approve(services.approvals, services.inflight, services.policies),
@@ -103,7 +108,7 @@ class Pipeline:
         self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport)
         self.respond = Respond(services.mac)
-        self.audit = Audit(services.mac, services.observers)
+        self.audit = Audit(services.mac, services.observers, services.decisions)
 
     async def decide(self, call: Call) -> None:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
@@ -128,6 +133,11 @@ class Pipeline:
         task = asyncio.current_task()
         try:
             await self.decide(call)
+            if call.error is None:
+                # The allowed decision is on record before anything is forwarded.
+                pending = self.audit.decided(call)
+                if pending is not None:
+                    await pending
             if call.error is not None:
                 return await self.respond(call)
             self.inflight.add(call, task)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ pytestmark = [pytest.mark.redis, needs_redis]
 
 
 @pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 async def fleet(
     aiohttp_client: Any,
     serve_gateway: Any,
@@ -42,7 +31,7 @@ async def fleet(
     workspace: Workspace,
     policy_file: Path,
     mocks: Mocks,
-    redis: RedisServer,
+    redis_server: RedisServer,
     tmp_path: Path,
 ) -> Any:
     operators = tmp_path / "operators.yaml"
@@ -56,7 +45,7 @@ async def fleet(
             admin_port=0,
             operators_file=operators,
             approval_timeout=10.0,
-            state=redis.url,
+            state=redis_server.url,
             audit=tmp_path / f"audit-{i}.jsonl",
         )
         gw = build_gateway(s, workspace.environ())
@@ -115,10 +104,10 @@ async def test_concurrent_decisions_on_two_gateways_exactly_one_counts(
 
 
 async def test_with_redis_down_a_held_call_is_refused_not_left_waiting(
-    fleet: Any, workspace: Workspace, mocks: Mocks, redis: RedisServer
+    fleet: Any, workspace: Workspace, mocks: Mocks, redis_server: RedisServer
 ) -> None:
     (_, client, _), _ = fleet[0]
-    redis.kill()
+    redis_server.kill()
     answer = await asyncio.wait_for(restart(client, workspace), 10)
     body = await answer.json(content_type="application/problem+json")
     assert answer.status == 503 and body["reason"] == "state_unavailable"

@@ -265,6 +265,16 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "recordings": "rec",
         "replay_report": "report.json",
         "sample": "0.01",
+        "audit_fsync": "always",
+        "audit_mirror": "/mnt/keep/a.jsonl",
+        "audit_signing_key": "sig.pem",
+        "audit_jwks": "audit.jwks.json",
+        "audit_anchor": "file:/mnt/anchor/a",
+        "audit_checkpoint_lines": "50",
+        "audit_checkpoint_interval": "3s",
+        "audit_rotate_size": "10MB",
+        "audit_rotate_interval": "1h",
+        "audit_gateway_id": "gw-1",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
@@ -278,6 +288,15 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert s.pause_hold == 45.0
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
+    assert s.audit_fsync.always and s.audit_mirror == Path("/mnt/keep/a.jsonl")
+    assert (s.audit_signing_key, s.audit_jwks) == (Path("sig.pem"), Path("audit.jwks.json"))
+    assert s.audit_anchor is not None and (s.audit_anchor.kind, s.audit_anchor.target) == (
+        "file",
+        "/mnt/anchor/a",
+    )
+    assert (s.audit_checkpoint_lines, s.audit_checkpoint_interval) == (50, 3.0)
+    assert (s.audit_rotate_size, s.audit_rotate_interval) == (10_000_000, 3600.0)
+    assert s.audit_gateway_id == "gw-1"
 
 
 def test_an_overridden_value_is_never_parsed(tmp_path: Path) -> None:
@@ -307,3 +326,21 @@ def test_admin_port_needs_a_token_file() -> None:
     with pytest.raises(ConfigError) as err:
         load_settings({**REQUIRED, "admin_port": "8788"}, {})
     assert "--operators" in str(err.value) and "--admin-token-file" in str(err.value)
+
+
+def test_audit_settings_precedence_and_errors(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "audit_fsync: never\naudit_anchor: file:/from/file\n")
+    s = load_settings(REQUIRED, {"CAPGATE_AUDIT_FSYNC": "250ms"}, cfg)
+    assert str(s.audit_fsync) == "0.25s" and s.audit_anchor is not None
+    assert s.audit_anchor.target == "/from/file"
+    s = load_settings({**REQUIRED, "audit_fsync": "always"}, {"CAPGATE_AUDIT_FSYNC": "2s"}, cfg)
+    assert str(s.audit_fsync) == "always"
+    assert str(load_settings(REQUIRED, {}).audit_fsync) == "1s"
+    with pytest.raises(ConfigError, match="--audit-fsync has value 'sometimes'"):
+        load_settings({**REQUIRED, "audit_fsync": "sometimes"}, {})
+    with pytest.raises(ConfigError, match="'redis' needs a redis:// state URL"):
+        load_settings({**REQUIRED, "audit_anchor": "redis"}, {})
+    s = load_settings({**REQUIRED, "audit_anchor": "redis", "state": "redis://h:6379/0"}, {})
+    assert s.audit_anchor is not None and s.audit_anchor.target == "redis://h:6379/0"
+    with pytest.raises(ConfigError, match="expected file:PATH, exec:COMMAND"):
+        load_settings({**REQUIRED, "audit_anchor": "ftp://x"}, {})

@@ -49,6 +49,7 @@ STATUS = {
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.STATE_UNAVAILABLE: 503,
     Reason.AGENT_PAUSED: 503,
+    Reason.AUDIT_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.CLIENT_CLOSED: 499,
 }
@@ -65,7 +66,7 @@ FAMILY = {
     202: E.ApprovalPending,
     502: E.UpstreamError,
     504: E.UpstreamError,
-    503: (E.StateUnavailable, E.GatewayStopping, E.AgentPaused),
+    503: (E.StateUnavailable, E.GatewayStopping, E.AgentPaused, E.AuditUnavailable),
     500: E.InternalError,
     499: E.ClientClosed,
 }
@@ -112,6 +113,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "rate_limited",
         "quota_exhausted",
         "concurrency_limited",
+        "attempts_limited",
         "request_timeout",
         "gateway_stopping",
         "upstream_unavailable",
@@ -120,6 +122,7 @@ def test_reason_values_are_the_public_codes() -> None:
         "payload_too_large",
         "state_unavailable",
         "agent_paused",
+        "audit_unavailable",
         "internal_error",
         "client_closed",
     }

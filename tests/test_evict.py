@@ -14,7 +14,7 @@ from gateway.policy.load import load_policy
 from gateway.policy_file import PolicyError
 from mocks.demo import Workspace
 from tests.conftest import Mocks
-from tests.redis_server import RedisServer, redis_server_available
+from tests.redis_server import RedisServer
 
 RULE = "      - id: read-cpu\n"
 
@@ -32,18 +32,11 @@ def auth(workspace: Workspace, run: str) -> dict[str, str]:
 
 
 @pytest.fixture(params=["memory", "redis"])
-def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+def state_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
-        yield "memory"
-        return
-    if not redis_server_available():
-        pytest.skip("needs a redis-server binary")
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.close()
+        return "memory"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
 
 
 async def test_the_run_is_stopped_at_the_nth_refusal(

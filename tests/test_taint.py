@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from gateway.policy.load import load_policy
 from gateway.policy_file import PolicyError
 from mocks.demo import Workspace
 from tests.conftest import Mocks
-from tests.redis_server import RedisServer, redis_server_available
+from tests.redis_server import RedisServer
 
 LOGS = "/logs/logs/application?level=info&limit=5"
 
@@ -37,18 +36,6 @@ def tainting_policy(policy_file: Path, when: str = "approve") -> Path:
     path = policy_file.with_name(f"tainting-{when}.yaml")
     path.write_text(text)
     return path
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    if not redis_server_available():
-        pytest.skip("needs a redis-server binary")
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 async def make(
@@ -99,7 +86,7 @@ async def held(gw: Any) -> dict[str, Any]:
 def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return "memory"
-    server: RedisServer = request.getfixturevalue("redis")
+    server: RedisServer = request.getfixturevalue("redis_server")
     return server.url
 
 
@@ -179,15 +166,15 @@ async def test_a_store_that_restarts_empty_does_not_clear_a_taint_this_gateway_s
     workspace: Workspace,
     policy_file: Path,
     mocks: Mocks,
-    redis: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
     mocks.clear()
     gw, client = await make(
-        serve_gateway, settings, workspace, policy_file, when="deny", state=redis.url
+        serve_gateway, settings, workspace, policy_file, when="deny", state=redis_server.url
     )
     run = sre(workspace, "run-s")
     await client.get(LOGS, headers=run)
-    redis.restart()  # empty
+    redis_server.restart()  # empty
     for _ in range(100):  # until the store is back in sync (503 state_unavailable before)
         answer = await restart(client, run)
         if answer.status != 503:

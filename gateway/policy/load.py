@@ -338,6 +338,7 @@ class _Behaviour(NamedTuple):
     approval: bool
     rate: Any
     quota: int | None
+    attempts: Any
     volatile: tuple[str, ...]
     repeat_last: bool
     on_state_error: str | None
@@ -397,6 +398,7 @@ def _rule(
         approval=how.approval,
         rate=how.rate,
         quota=how.quota,
+        attempts=_attempts(m, how.attempts, checks),
         volatile=how.volatile,
         replay_repeat_last=how.repeat_last,
         on_state_error=how.on_state_error or "deny",
@@ -559,6 +561,9 @@ def _rule_behaviour(m: dict[str, Node]) -> _Behaviour:
         approval = m["approval"].as_choice(("required", "none")) == "required"
     rate = _rate(m["rate"]) if "rate" in m else None
     quota = m["quota"].as_int(minimum=1) if "quota" in m else None
+    attempts: Any = None
+    if "attempts" in m:
+        attempts = "none" if m["attempts"].value == "none" else _rate(m["attempts"])
     volatile = _volatile(m["volatile"]) if "volatile" in m else ()
     repeat_last = False
     if "replay" in m:
@@ -568,7 +573,21 @@ def _rule_behaviour(m: dict[str, Node]) -> _Behaviour:
     on_state_error = (
         m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     )
-    return _Behaviour(approval, rate, quota, volatile, repeat_last, on_state_error)
+    return _Behaviour(approval, rate, quota, attempts, volatile, repeat_last, on_state_error)
+
+
+def _attempts(m: dict[str, Node], stated: Any, checks: tuple[PayloadCheck, ...]) -> Any:
+    """The rule's attempt rate: as stated (``none``: no limit), else the SQL default when the
+    rule checks SQL (its checks are what attempts bound), else none."""
+    if stated == "none":
+        return None
+    if stated is not None or "attempts" in m:
+        return stated
+    if any(getattr(check, "kind", None) == "sql" for check in checks):
+        from gateway.rates import parse_rate
+
+        return parse_rate(spec.DEFAULT_SQL_ATTEMPTS)
+    return None
 
 
 def _payload_checks(m: dict[str, Node], context: CheckContext) -> tuple[PayloadCheck, ...]:

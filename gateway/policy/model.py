@@ -227,6 +227,7 @@ class Rule:
     approval: bool = False
     rate: Any = None  # limits.Rate
     quota: int | None = None  # calls per run for this rule
+    attempts: Any = None  # limits.Rate: attempts per agent, counted before Validate
     volatile: tuple[str, ...] = ()  # fields that do not count when matching recordings
     replay_repeat_last: bool = False  # replay: answer repeats with the last recording
     on_state_error: str = "deny"  # deny | allow

@@ -38,6 +38,10 @@ RATE: JSON = {
     "pattern": r"^\s*[0-9]+\s*/\s*[A-Za-z]+(\s+burst\s+[0-9]+)?\s*$",
 }
 TEXT: JSON = {"type": "string"}
+DEFAULT_SQL_ATTEMPTS = "300/minute burst 60"
+"""The attempt rate of a rule with ``sql:`` that states none: 5 checks a second per agent on
+average, 60 back to back, far above what an agent composing queries sends, and a bound on
+what one agent's checks can cost (an uncached 10 KB statement takes milliseconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +268,12 @@ RULE = Section(
         ),
         Key("rate", "the rule's rate per agent", RATE),
         Key("quota", "calls per run to this rule", {"type": "integer", "minimum": 1}),
+        Key(
+            "attempts",
+            "the rule's attempts per agent, counted before its payload is checked (allowed or "
+            "not): a rate, or none; SQL rules default to " + DEFAULT_SQL_ATTEMPTS,
+            {"anyOf": [RATE, {"enum": ["none"]}]},
+        ),
         Key(
             "volatile",
             "fields recordings match loosely: /json/pointer, query:name or body",

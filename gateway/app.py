@@ -504,6 +504,7 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        await gw.approvals.close()
         if gw.webhook is not None:
             await gw.webhook.close()
         await gw.transport.close()

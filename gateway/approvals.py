@@ -20,6 +20,14 @@ With Redis state the pending approvals are published on a shared board
 them all and may decide any of them, exactly once; the holding gateway reads the decisions
 of its pending approvals a few times a second. With memory state the board is this process.
 
+A held MCP ``tools/call`` outlives its caller (``hold(key=..., patience=...)``): past the
+patience the caller is answered ``approval_pending`` and the approval stays pending in a
+task of its own until its deadline; a call with the same key (``protocols/mcp.approval_key``)
+attaches to it. Once decided it is remembered for another ``timeout``: the first call with
+its key to come takes an approval (the others are held anew), a denial or expiry answers
+every one. The record keeps its agent's slot until it is decided; a revocation of the call
+that waits on it withdraws it.
+
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.
 """
@@ -36,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.errors import ApprovalDenied, ApprovalTimeout, StateUnavailable
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalTimeout, StateUnavailable
 from gateway.recording.redact import Redactor
 from gateway.shares import Shares
 from gateway.state.approval_board import POLL_S, ApprovalBoard, LocalApprovalBoard
@@ -91,6 +99,10 @@ class Pending:
     created: float
     deadline: float
     decided: asyncio.Future[Decision] = field(repr=False)
+    key: str | None = None  # what a call sent again must match to attach to it
+    life: asyncio.Task[Decision] = field(init=False, repr=False)
+    taken: bool = False  # approved and taken by a call: nobody else attaches to it
+    linger: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
         call = self.call
@@ -132,11 +144,13 @@ class Approvals:
         board: ApprovalBoard | None = None,
     ) -> None:
         self.timeout = timeout
-        self._pending: dict[str, Pending] = {}
+        self._pending: dict[str, Pending] = {}  # undecided
+        self._keyed: dict[str, Pending] = {}  # by key: undecided, or decided and not taken
         self.slots = Shares("calls held for approval", capacity, per_agent)
         self.on_event = on_event
         self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
         self._poller: asyncio.Task[None] | None = None
+        self._closing = False
 
     def _tell(self, pending: Pending, state: str, decision: Decision | None = None) -> None:
         if self.on_event is None:
@@ -213,17 +227,46 @@ class Approvals:
         finally:
             self._poller = None
 
-    async def hold(self, call: HeldCall) -> tuple[str, Decision]:
+    async def hold(
+        self, call: HeldCall, *, key: str | None = None, patience: float | None = None
+    ) -> tuple[str, Decision]:
         """Wait for a decision; return the approval id and the decision when approved, raise
-        otherwise (``ConcurrencyLimited`` when the agent already has its share held)."""
+        otherwise (``ConcurrencyLimited`` when the agent already has its share held).
+
+        With a ``key`` (what makes two calls the same call, the request id aside) the
+        approval outlives its caller: past ``patience`` seconds ``ApprovalPending`` is
+        raised and the record stays pending until its deadline; a call with the same key
+        attaches to it. An approval is taken by one call only: the others attached to it
+        are held anew (a new approval)."""
+        while True:
+            pending = self._keyed.get(key) if key is not None else None
+            if pending is None:
+                pending = await self._open(call, key)
+            try:
+                decision = await asyncio.wait_for(asyncio.shield(pending.life), patience)
+            except TimeoutError:
+                raise ApprovalPending(
+                    f"this call awaits a person's approval (approval {pending.id}); it was not "
+                    "forwarded: call the tool again with the same arguments to continue it, "
+                    "it runs once approved",
+                    approval=pending.id,
+                    rule=call.rule,
+                ) from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() == 0 and not self._closing:
+                    continue  # not this call: the approval was withdrawn by another's end
+                if key is None:  # nobody can attach to it: it ends with its caller
+                    pending.life.cancel()
+                raise
+            if not decision.approved or not pending.taken:
+                break
+            # Another call with the same key took this approval: this one is a new call.
+        return self._take(pending, decision)
+
+    async def _open(self, call: HeldCall, key: str | None) -> Pending:
         if not self.slots.try_acquire(call.agent):
             raise self.slots.refusal(call.agent)
-        try:
-            return await self._hold(call)
-        finally:
-            self.slots.release(call.agent)
-
-    async def _hold(self, call: HeldCall) -> tuple[str, Decision]:
         approval_id = os.urandom(8).hex()
         now = time.time()
         pending = Pending(
@@ -233,35 +276,90 @@ class Approvals:
             created=now,
             deadline=now + self.timeout,
             decided=asyncio.get_running_loop().create_future(),
+            key=key,
         )
         self._pending[approval_id] = pending
+        if key is not None:
+            self._keyed[key] = pending
         try:
             await self.board.publish(approval_id, pending.public(), pending.deadline)
-            self._tell(pending, "held")
-            if self.board.shared and self._poller is None:
-                self._poller = asyncio.create_task(self._poll(), name="capgate-approvals")
-            decision = await self._wait(pending)
-        finally:
+        except BaseException:
             self._pending.pop(approval_id, None)
+            self._forget_key(pending)
+            self.slots.release(call.agent)
+            raise
+        self._tell(pending, "held")
+        if self.board.shared and self._poller is None:
+            self._poller = asyncio.create_task(self._poll(), name="capgate-approvals")
+        pending.life = asyncio.create_task(self._life(pending), name="capgate-approval")
+        pending.life.add_done_callback(_retrieved)
+        return pending
+
+    async def _life(self, pending: Pending) -> Decision:
+        """A pending approval from its creation to its decision (or expiry); a keyed one is
+        then remembered for ``timeout`` more seconds, for the calls that come back for it."""
+        try:
+            decision = await self._wait(pending)
+        except BaseException:
+            self._forget_key(pending)
+            raise
+        finally:
+            self._pending.pop(pending.id, None)
+            self.slots.release(pending.call.agent)
             with contextlib.suppress(StateUnavailable):
-                await self.board.forget(approval_id)
+                await self.board.forget(pending.id)
+        if pending.key is not None and not pending.taken:
+            loop = asyncio.get_running_loop()
+            pending.linger = loop.call_later(self.timeout, self._forget_key, pending)
+        return decision
+
+    def withdraw(self, key: str) -> None:
+        """The call that waits on the approval ``key`` was revoked or cut: the approval ends
+        with it instead of staying pending for a retry."""
+        pending = self._keyed.get(key)
+        if pending is not None:
+            self._forget_key(pending)
+            pending.life.cancel()
+
+    def _forget_key(self, pending: Pending) -> None:
+        if pending.key is not None and self._keyed.get(pending.key) is pending:
+            del self._keyed[pending.key]
+        if pending.linger is not None:
+            pending.linger.cancel()
+
+    def _take(self, pending: Pending, decision: Decision) -> tuple[str, Decision]:
+        """The decision for the call that takes it: an approval is taken once."""
+        call = pending.call
         if decision is EXPIRED:
             raise ApprovalTimeout(
-                f"nobody approved this call within {int(self.timeout)} s (approval {approval_id})",
+                f"nobody approved this call within {int(self.timeout)} s (approval {pending.id})",
                 rule=call.rule,
             )
         if not decision.approved:
             note = f": {decision.reason}" if decision.reason else ""
-            refused = ApprovalDenied(f"approval {approval_id} was declined{note}", rule=call.rule)
+            refused = ApprovalDenied(f"approval {pending.id} was declined{note}", rule=call.rule)
             refused.operator = decision.by
             raise refused
-        return approval_id, decision
+        pending.taken = True
+        self._forget_key(pending)
+        return pending.id, decision
+
+    async def close(self) -> None:
+        """End the pending approvals' waits (the gateway stops)."""
+        self._closing = True
+        lives = [p.life for p in self._keyed.values()] + [p.life for p in self._pending.values()]
+        for life in lives:
+            life.cancel()
+        for pending in list(self._keyed.values()):
+            self._forget_key(pending)
+        await asyncio.gather(*lives, return_exceptions=True)
 
     async def _wait(self, pending: Pending) -> Decision:
         """The decision, or ``EXPIRED``: at the deadline the expiry claims the id like a
         decision would, so a decision racing it either wins whole or loses whole."""
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
+            left = max(0.0, pending.deadline - time.time())
+            return await asyncio.wait_for(asyncio.shield(pending.decided), left)
         except TimeoutError:
             pass
         if await self.board.claim(pending.id, EXPIRED.as_dict(), None) == "decided":
@@ -274,3 +372,10 @@ class Approvals:
             return pending.decided.result()
         self._tell(pending, "expired")
         return EXPIRED
+
+
+def _retrieved(life: asyncio.Task[Decision]) -> None:
+    """A detached approval's failure (the board unreachable at its expiry) was logged by
+    nobody waiting: log it here."""
+    if not life.cancelled() and life.exception() is not None:
+        log.warning("approvals: a pending approval ended in error: %r", life.exception())

@@ -17,6 +17,8 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── Throttled (429)             rate_limited, quota_exhausted, concurrency_limited,
     │                               attempts_limited
     ├── ApprovalTimeout (408)       approval_timeout
+    ├── ApprovalStale (409)         approval_stale
+    ├── ApprovalPending (202)       approval_pending (held past the MCP client's patience)
     ├── UpstreamError (502)         upstream_unavailable
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
     ├── ReplayMiss (421)            replay_miss
@@ -63,6 +65,7 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
     APPROVAL_STALE = "approval_stale"
+    APPROVAL_PENDING = "approval_pending"
     RUN_TAINTED = "run_tainted"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
@@ -395,6 +398,20 @@ class ApprovalStale(GatewayError):
     title = "Approval given under another policy"
 
 
+class ApprovalPending(GatewayError):
+    """Raised when a held MCP ``tools/call`` is still undecided at the upstream's
+    ``approval_patience``: the call was not forwarded, its approval stays pending, and the
+    same call sent again (same arguments) attaches to it."""
+
+    status = 202
+    reason = Reason.APPROVAL_PENDING
+    title = "Awaiting approval"
+
+    def __init__(self, detail: str, *, approval: str = "", **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.approval = approval
+
+
 class UpstreamError(GatewayError):
     """Raised when the upstream cannot be reached or answers in a way we cannot pass on."""
 
@@ -503,6 +520,7 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
     Reason.APPROVAL_STALE: ApprovalStale,
+    Reason.APPROVAL_PENDING: ApprovalPending,
     Reason.RUN_TAINTED: RunTainted,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,

@@ -16,7 +16,7 @@ from gateway.admin import create_admin_app, read_admin_token
 from gateway.app import build_gateway
 from gateway.approvals import Approvals, HeldCall
 from gateway.config import Settings
-from gateway.errors import ApprovalDenied, ApprovalTimeout, ConfigError
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalTimeout, ConfigError
 from mocks.demo import Workspace
 from tests.conftest import Mocks
 
@@ -292,3 +292,31 @@ async def test_a_dead_webhook_never_slows_a_held_call(
             break
         await asyncio.sleep(0.01)
     assert gw.webhook is not None and gw.webhook.health()["failed"] == 1
+
+
+async def test_a_keyed_approval_outlives_its_caller() -> None:
+    approvals = Approvals(timeout=5.0)
+    call = held_call()
+    with pytest.raises(ApprovalPending) as err:
+        await approvals.hold(call, key="k", patience=0.05)
+    first = err.value.approval
+    # The caller hung up (cancelled): the approval stays, the same key attaches to it.
+    waiting = asyncio.ensure_future(approvals.hold(call, key="k"))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert [p["id"] for p in await approvals.pending()] == [first]
+    assert await approvals.decide(first, True, by="ops") == "decided"
+    assert (await approvals.hold(call, key="k"))[0] == first
+    # Taken: the same call again is a new approval; withdrawn, it ends.
+    with pytest.raises(ApprovalPending) as err:
+        await approvals.hold(call, key="k", patience=0.05)
+    assert err.value.approval != first
+    assert approvals.slots.held_by("a") == 1
+    approvals.withdraw("k")
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert await approvals.pending() == []
+    assert approvals.slots.held_by("a") == 0
+    await approvals.close()

@@ -19,6 +19,7 @@ from gateway.policy import spec
 from gateway.policy.agents import AgentDirectory, AgentsRead, read_agents
 from gateway.policy.model import (
     MCP_METHODS,
+    MCP_PATIENCE,
     MCP_SUBJECTS,
     METHODS,
     Constraint,
@@ -167,7 +168,9 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
             if "per_agent" in lim:
                 per_agent = lim["per_agent"].as_int(minimum=1, maximum=concurrency)
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
-    batches, tool_refusals = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error")
+    batches, tool_refusals, patience = (
+        _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error", MCP_PATIENCE)
+    )
     untrusted = _untrusted(m)
     if url is None or kind is None or creds is None:
         return None
@@ -185,6 +188,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         credentials=creds,
         mcp_batches=batches,
         mcp_tool_refusals=tool_refusals,
+        mcp_approval_patience=patience,
         untrusted=untrusted,
     )
 
@@ -224,9 +228,9 @@ def _rule_exposure(m: dict[str, Node]) -> _Exposure:
     return _Exposure(_untrusted(m), sensitive, when, evict)
 
 
-def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
-    """An MCP upstream's ``mcp: {batches, tool_refusals}``."""
-    batches, tool_refusals = False, "error"
+def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str, float]:
+    """An MCP upstream's ``mcp: {batches, tool_refusals, approval_patience}``."""
+    batches, tool_refusals, patience = False, "error", MCP_PATIENCE
     if kind != "mcp":
         node.fail(f"upstreams.{name}.mcp: only for an upstream of kind mcp")
     opts = node.as_map(optional=spec.MCP_OPTIONS.optional)
@@ -234,7 +238,8 @@ def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
         batches = bool(opts["batches"].as_bool()) if "batches" in opts else False
         if "tool_refusals" in opts:
             tool_refusals = opts["tool_refusals"].as_choice(("error", "result")) or "error"
-    return batches, tool_refusals
+        patience = _positive(opts, "approval_patience", patience, "as_duration")
+    return batches, tool_refusals, patience
 
 
 def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:

@@ -25,6 +25,7 @@ from gateway.target import Target
 if TYPE_CHECKING:
     from gateway.payload import PayloadCheck
 
+MCP_PATIENCE = 25.0  # seconds a held MCP tools/call waits before approval_pending
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -55,6 +56,8 @@ class Upstream:
     per_agent: int = 16  # ... and from one agent
     mcp_batches: bool = False  # MCP: the server takes JSON-RPC batches
     mcp_tool_refusals: str = "error"  # MCP: a refused tools/call is a JSON-RPC error | result
+    # MCP: how long a held tools/call waits before it is answered approval_pending
+    mcp_approval_patience: float = MCP_PATIENCE
     untrusted: bool = False  # trust: untrusted: what it returns was written by third parties
 
     @property

@@ -152,6 +152,15 @@ MCP_OPTIONS = Section(
             "result with isError, which the model reads",
             {"enum": ["error", "result"]},
         ),
+        Key(
+            "approval_patience",
+            "how long a tools/call held for approval waits for the decision before it is "
+            "answered (default 25s, below the usual MCP clients' timeouts): a tool result "
+            "with isError saying it awaits approval, with the approval's id; the approval "
+            "stays pending, and the same call sent again (same tool and arguments) attaches "
+            "to it and runs once approved",
+            DURATION,
+        ),
     ),
 )
 UPSTREAM = Section(

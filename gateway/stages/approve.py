@@ -4,6 +4,12 @@ What is held is the call as it will be forwarded (its body was read and checked 
 the approval binds to it (``gateway/approvals.py``). An approval given under a policy that
 is no longer in force when the decision arrives is refused (``approval_stale``): the person
 approved the call as the old policy judged it.
+
+MCP clients give up on a silent call after a few minutes: a held ``tools/call`` is answered
+past its upstream's ``mcp: {approval_patience}`` (``approval_pending``, a tool result the
+model reads, with the approval's id). Its approval stays pending; the same call sent again
+(``protocols/mcp.approval_key``: same agent, run, upstream, tool and arguments, whatever its
+JSON-RPC id) attaches to it, and runs once approved, once.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from collections.abc import Awaitable
 
 from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
-from gateway.errors import ApprovalDenied, ApprovalStale
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalStale
 from gateway.inflight import InFlight
+from gateway.protocols.mcp import approval_key
 from gateway.stages.route import PolicySource
 
 
@@ -51,6 +58,16 @@ class Approve:
         except ApprovalDenied as exc:
             call.operator = exc.operator
             raise
+        except ApprovalPending as exc:
+            call.approval = exc.approval  # still pending: the audit line names it
+            raise
+        except asyncio.CancelledError:
+            # Revoked or cut while it waited: its approval ends with it. (An agent that hung
+            # up leaves it pending: its retry attaches to it.)
+            key = self._key(call)
+            if call.revoked is not None and key is not None:
+                self.approvals.withdraw(key)
+            raise
         call.operator = decision.by
         if self.policies.policy.digest != judged_by:
             raise ApprovalStale(
@@ -60,10 +77,21 @@ class Approve:
                 rule=call.match.rule.id if call.match is not None else None,
             )
 
+    @staticmethod
+    def _key(call: Call) -> str | None:
+        """What a held MCP tools/call sent again must match to attach to its approval."""
+        if call.upstream is None or call.upstream.kind != "mcp":
+            return None
+        return approval_key(call)
+
     def _held(
         self, call: Call, rules: str, why: str, judged_by: str
     ) -> Awaitable[tuple[str, Decision]]:
-        assert call.claims is not None
+        assert call.claims is not None and call.upstream is not None
+        key = self._key(call)
+        # An MCP client gives up on a silent call: answered past the upstream's patience, the
+        # approval stays pending for the same call sent again.
+        patience = call.upstream.mcp_approval_patience if key is not None else None
         return self.approvals.hold(
             HeldCall(
                 agent=call.claims.agent,
@@ -75,5 +103,7 @@ class Approve:
                 body=call.body,
                 tools=tuple(call.tools),
                 policy=judged_by,
-            )
+            ),
+            key=key,
+            patience=patience,
         )

@@ -14,7 +14,8 @@ One run starts, each in its own process and on 127.0.0.1 only:
   one (``capgate``, the HTTP rule) has a 50-rule policy, token verification, a bearer
   credential injected from the environment, and the audit file on. Others add a SQL check
   (``capgate+sql``: one SQL text, cached after the first call; ``capgate+sql-unique``: a new
-  SQL text on every call, so the parse and verdict caches never serve one), 64 agents'
+  SQL text on every call, so the parse and verdict caches never serve one; SQLite's compiler
+  reads it, or PostgreSQL's parser in ``capgate+sql-unique-pg``), 64 agents'
   tokens taken in turn (``capgate+64-agents``: the verified-token cache holds 64 entries and
   no single one serves every call), Redis state and a rate limit.
 
@@ -322,7 +323,7 @@ class Scenario:
     setup: Callable[[Context], None] | None = None  # e.g. start a redis-server via ctx.procs
     baseline: str | None = None  # a scenario this one is compared with (info lines)
     expect_body: bytes | None = UPSTREAM_BODY  # checked once before measuring; None: any 2xx
-    audited: bool = True  # False: the scenario turns the audit off (its lines are not checked)
+    audited: bool = True  # False: the scenario turns the audit off; no audit file to check
     after: Callable[[Context, list[str]], None] | None = None  # notes once it has stopped
 
 
@@ -503,6 +504,7 @@ def policy_50_rules_sql(ctx: Context) -> str:
         "      - id: query-orders\n"
         "        upstream: db\n"
         "        allow: POST /query\n"
+        "        attempts: none\n"  # the bench measures the check, not the attempt limit
         "        sql:\n"
         "          field: sql\n"
         "          dialect: sqlite\n"
@@ -512,6 +514,13 @@ def policy_50_rules_sql(ctx: Context) -> str:
         "            orders: [id, customer_id, total_cents, status, created_at]\n"
         "          deny_columns: [customers.ssn]\n"
         "          max_limit: 1000\n"
+    )
+
+
+def policy_50_rules_sql_postgres(ctx: Context) -> str:
+    """As ``policy_50_rules_sql``, the SQL read by PostgreSQL's parser (pglast) instead."""
+    return policy_50_rules_sql(ctx).replace(
+        "          dialect: sqlite\n", "          dialect: postgres\n          server_version: 15\n"
     )
 
 
@@ -621,6 +630,18 @@ SCENARIOS: list[Scenario] = [
         baseline="capgate+sql",
     ),
     Scenario(
+        name="capgate+sql-unique-pg",
+        description="as 'capgate+sql-unique', the rule's dialect PostgreSQL (pglast's parser"
+        " reads every new text)",
+        policy=policy_50_rules_sql_postgres,
+        path="/db/query",
+        roles=("sql-analyst",),
+        method="POST",
+        body_template=json.dumps({"sql": SQL_QUERY_UNIQUE}),
+        content_type="application/json",
+        baseline="capgate+sql",
+    ),
+    Scenario(
         name="capgate+64-agents",
         description=f"as 'capgate', with {len(BENCH_AGENTS)} agents' tokens taken in turn"
         " (one verified-token cache entry each, none serving every call)",
@@ -629,6 +650,27 @@ SCENARIOS: list[Scenario] = [
         roles=("analyst", "sre-diagnostics"),
         agents=BENCH_AGENTS,
         baseline="capgate",
+    ),
+    Scenario(
+        name="capgate+fsync-always",
+        description="as 'capgate' (whose audit syncs at most 1 s after a write), with"
+        " --audit-fsync always: each allowed call waits for its decision line's fdatasync"
+        " (group commit) before it is forwarded",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=lambda ctx: ["--audit-fsync", "always"],
+        baseline="capgate",
+    ),
+    Scenario(
+        name="capgate-audit-off",
+        description="as 'capgate', with the audit turned off (--audit -): what the audit costs",
+        policy=policy_50_rules,
+        path="/metrics" + UPSTREAM_PATH,
+        roles=("analyst", "sre-diagnostics"),
+        serve_args=lambda ctx: ["--audit", "-"],
+        baseline="capgate",
+        audited=False,
     ),
     Scenario(
         name="capgate+redis",
@@ -1374,7 +1416,7 @@ def ratios(
 class AuditScan:
     """What a scenario's audit file says about the calls it served."""
 
-    lines: int = 0
+    lines: int = 0  # calls: decision lines (format 2) or call lines (format 1)
     agents: set[str] = field(default_factory=set)
     sql_texts: int = 0  # lines of allowed SQL calls (``sql`` set) with a body digest
     sql_distinct: int = 0
@@ -1385,11 +1427,13 @@ def scan_audit(path: Path) -> AuditScan:
     digests: set[str] = set()
     with contextlib.suppress(OSError), path.open("rb") as fh:
         for line in fh:
-            out.lines += 1
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
+            if record.get("type", "decision") != "decision":
+                continue  # an outcome, a checkpoint, a summary: not another call
+            out.lines += 1
             if isinstance(agent := record.get("agent"), str):
                 out.agents.add(agent)
             # The audit never holds the SQL text: distinct bodies have distinct keyed digests.

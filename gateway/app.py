@@ -17,24 +17,30 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
 from gateway import __version__
 from gateway.admin import create_admin_app, read_admin_token
 from gateway.approvals import Approvals
+from gateway.audit_anchor import Anchor, AnchorSpec
 from gateway.audit_record import BodyMac
-from gateway.audit_trail import AuditTrail, audit_key_path, load_audit_key
+from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
+from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
+from gateway.check_workers import CheckWorkers
 from gateway.config import Settings
 from gateway.credentials import Credentialing, CredentialStore
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StateUnavailable
+from gateway.events import EventHub
 from gateway.inflight import InFlight
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
+from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -43,13 +49,16 @@ from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
 from gateway.shares import UpstreamShares
+from gateway.stages.audit import audit_record
 from gateway.state import open_store
-from gateway.state.base import StateStore
+from gateway.state.base import PauseKind, StateStore
+from gateway.taint import Taints
 from gateway.telemetry import Telemetry, plan
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
+from gateway.webhook import ApprovalWebhook
 
 log = logging.getLogger("capgate")
 
@@ -124,11 +133,20 @@ class Gateway:
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
     upstream_shares: UpstreamShares = field(default_factory=UpstreamShares)
+    check_workers: CheckWorkers = field(default_factory=CheckWorkers)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
+    events: EventHub = field(default_factory=EventHub)
+    operators: OperatorBook | None = None
+    webhook: ApprovalWebhook | None = None
+    taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
+    # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
+    _cuts: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    _stopped_by: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.taints = Taints(self.state, self.events.publish)
         self.pipeline = Pipeline(
             Services(
                 policies=self.policies,
@@ -142,9 +160,16 @@ class Gateway:
                 mac=self.mac,
                 observers=self.observers,
                 upstream_shares=self.upstream_shares,
+                taints=self.taints,
+                notify=self.events.publish,
+                pause_hold=self.settings.pause_hold,
+                check_workers=self.check_workers,
+                decisions=self.audit if self.audit.path is not None else None,
                 telemetry=self.telemetry if self.telemetry.enabled else None,
             )
         )
+        if self.audit.path is not None:
+            self.guard.refused = self.audit.count_refusal
         audit_stage, trail = self.pipeline.audit, self.audit
         self.telemetry.watch(
             pending=lambda: self.approvals.count,
@@ -158,6 +183,134 @@ class Gateway:
     @property
     def policy(self) -> Policy:
         return self.policies.policy
+
+    def inflight_calls(self) -> list[dict[str, Any]]:
+        """Calls held for approval or being forwarded now, as the console shows them: the
+        fields of their audit record so far (no body, query value or argument)."""
+        out = []
+        for call in self.inflight.calls():
+            record = audit_record(call, self.mac)
+            out.append(
+                {
+                    "request_id": record["request_id"],
+                    "agent": record["agent"],
+                    "run": record["run"],
+                    "upstream": record["upstream"],
+                    "method": record["method"],
+                    "path": record["path"],
+                    "rule": record["rule"],
+                    "seconds": round(record["duration_ms"] / 1000, 3),
+                    "state": "forwarded" if call.dispatched else "held for approval",
+                }
+            )
+        return out
+
+    async def taint_report(self, key: str) -> dict[str, Any]:
+        """Whether a run (or a token, ``jti:<id>``) read untrusted content, and what."""
+        cause = await self.taints.of(key)
+        return {"key": key, "tainted": cause is not None, "cause": cause}
+
+    async def health_report(self) -> tuple[int, dict[str, Any]]:
+        """The health check's status and body (agents' port and admin API alike)."""
+        state = await self.state.health()
+        background = self.watch.health()
+        audit = self.audit.health()
+        ok = bool(state.get("reachable", False)) and background["ok"] and audit["ok"]
+        body = {
+            "status": "ok" if ok else "degraded",
+            "version": __version__,
+            "policy": {"source": self.policy.source, "digest": self.policy.digest},
+            "state": state,
+            "background": background,
+            "audit": audit,
+            "connections": {
+                "open": self.guard.open,
+                "max": self.guard.max_connections,
+                "refused": dict(self.guard.totals),
+            },
+            "upstreams_in_flight": self.upstream_shares.snapshot(),
+            "held_by_pause": self.pipeline.pause.held.snapshot(),
+            "check_workers": self.check_workers.snapshot(),
+        }
+        if self.webhook is not None:
+            body["approval_webhook"] = self.webhook.health()
+        return (200 if ok else 503), body
+
+    # --- operators: pause, resume, stop (called by the admin API) -----------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        """Hold the new calls of an agent or a run at every gateway sharing the state store,
+        until ``resume`` or ``until`` (unix time; None: until resumed). Calls already past
+        the pause stage go on. ``ValueError`` on bad arguments, ``StateUnavailable`` when the
+        store could not record it (then nothing is paused)."""
+        await self.state.pause(kind, value, until=until, by=by, reason=reason)
+        log.info(
+            "%s %r paused by %s%s: %s",
+            kind,
+            value,
+            by,
+            "" if until is None else f" for {max(0.0, until - time.time()):.0f} s",
+            reason or "(no reason given)",
+        )
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        """Lift a pause everywhere; its held calls go on. False when it was not paused."""
+        lifted = await self.state.resume(kind, value, by=by)
+        if lifted:
+            log.info("%s %r resumed by %s", kind, value, by)
+        else:
+            log.info("%s %r was not paused (resume asked by %s)", kind, value, by)
+        return lifted
+
+    async def stop(self, kind: Literal["agent", "run"], value: str, *, by: str, reason: str) -> int:
+        """Revoke an agent or a run (forever), recording who and why: its calls in flight here,
+        held by a pause or for approval included, are cut (``token_revoked``), and every
+        gateway sharing the store refuses its tokens. Returns the calls cut at this gateway.
+        ``StateUnavailable`` when the shared write failed: this gateway enforces the stop
+        anyway, and writes it back at its next resync with Redis; stop again to be sure."""
+        if kind not in ("agent", "run"):
+            raise ValueError(f"stop takes kind 'agent' or 'run', not {kind!r}")
+        key = (kind, value)
+        self._cuts.setdefault(key, 0)
+        self._stopped_by[key] = by
+        try:
+            await self.state.revoke(kind, value, by=by, reason=reason)
+        except StateUnavailable as exc:
+            log.error(
+                "%s %r stopped by %s at this gateway only (%d call(s) cut): %s; the next "
+                "resync writes it back, or stop it again",
+                kind,
+                value,
+                by,
+                self._cuts.pop(key, 0),
+                exc.detail,
+            )
+            raise
+        finally:
+            cut = self._cuts.pop(key, 0)
+            self._stopped_by.pop(key, None)
+        log.info(
+            "%s %r stopped by %s: %s; %d call(s) cut",
+            kind,
+            value,
+            by,
+            reason or "(no reason given)",
+            cut,
+        )
+        return cut
+
+    def apply_revocation(self, kind: str, value: str) -> None:
+        """The store's ``on_revoke`` listener: drop cached verdicts of the revoked token,
+        agent or run, and cut its calls in flight (held ones included)."""
+        self.verifier.forget(lambda c: getattr(c, kind, None) == value)
+        cancelled = self.inflight.cancel(kind, value, by=self._stopped_by.get((kind, value)))
+        if (kind, value) in self._cuts:
+            self._cuts[(kind, value)] += cancelled
+        log.info(
+            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
+        )
 
     def with_transport(self, transport: Transport, denials: DenialSink | None) -> Gateway:
         """The same gateway sending through ``transport`` (tests, the example recording)."""
@@ -205,13 +358,32 @@ class Gateway:
         return True
 
 
+def _operator_book(settings: Settings) -> OperatorBook | None:
+    """Who may use the admin API: the operators file, and the legacy admin token."""
+    if settings.admin_port is None:
+        return None
+    legacy = read_admin_token(settings.admin_token_file) if settings.admin_token_file else None
+    book = OperatorBook(settings.operators_file, admin_token=legacy)
+    if not len(book):
+        raise ConfigError(
+            f"the admin listener has no operators: {settings.operators_file} lists none "
+            "(capgate operators add NAME --role admin --file FILE)"
+        )
+    return book
+
+
 def check_approvers(policy: Policy, settings: Settings) -> None:
     """A rule that holds calls for approval needs someone who can approve (fail closed)."""
-    held = [r.id for role in policy.roles.values() for r in role.rules if r.approval]
+    held = [
+        r.id
+        for role in policy.roles.values()
+        for r in role.rules
+        if r.approval or (r.sensitive and r.when_tainted == "approve")
+    ]
     if held and settings.admin_port is None:
         raise ConfigError(
             f"rules {held} require approval, but no admin listener is configured to approve "
-            "them (--admin-port and --admin-token-file)"
+            "them (--admin-port and --operators)"
         )
 
 
@@ -251,7 +423,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         report_path=settings.replay_report,
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
-    audit = AuditTrail(settings.audit)
+    audit = build_audit_trail(settings)
     telemetry = Telemetry(plan(settings))
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
@@ -261,6 +433,11 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         observers.append(telemetry)
     if denials is not None:
         observers.append(DenialRecorder(denials))
+    events = EventHub()
+    observers.append(events)  # the live stream and the console's table of recent calls
+    webhook = ApprovalWebhook(settings.approval_webhook) if settings.approval_webhook else None
+    if webhook is not None:
+        events.listeners.append(webhook)
     return Gateway(
         settings=settings,
         policies=PolicyHolder(policy, stamp),
@@ -271,8 +448,16 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         audit=audit,
         mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
         telemetry=telemetry,
-        approvals=Approvals(settings.approval_timeout, per_agent=settings.approvals_per_agent),
+        approvals=Approvals(
+            settings.approval_timeout,
+            per_agent=settings.approvals_per_agent,
+            on_event=events.publish,
+            board=state.approval_board(),
+        ),
         observers=tuple(observers),
+        events=events,
+        webhook=webhook,
+        operators=_operator_book(settings),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -281,24 +466,35 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
 
 
+def build_audit_trail(settings: Settings) -> AuditTrail:
+    """The audit trail as configured: its signing key made (0600) and published in the
+    audit JWKS when absent; nothing is opened yet (``running``)."""
+    if settings.audit is None:
+        return AuditTrail(None)
+    signer = CheckpointSigner.load_or_create(
+        signing_key_path(settings.audit, settings.audit_signing_key)
+    )
+    signer.publish(jwks_path(settings.audit, settings.audit_jwks))
+    options = TrailOptions(
+        fsync=settings.audit_fsync,
+        mirror=settings.audit_mirror,
+        checkpoint_lines=settings.audit_checkpoint_lines,
+        checkpoint_interval=settings.audit_checkpoint_interval,
+        rotate_size=settings.audit_rotate_size,
+        rotate_interval=settings.audit_rotate_interval,
+        gateway_id=settings.audit_gateway_id,
+    )
+    spec = settings.audit_anchor
+    if spec is None and settings.state.startswith(("redis://", "rediss://")):
+        # A fleet with Redis: each gateway's latest checkpoint is kept there by default.
+        spec = AnchorSpec("redis", settings.state)
+    anchor = Anchor(spec) if spec is not None else None
+    return AuditTrail(settings.audit, options, signer=signer, anchor=anchor)
+
+
 async def _health(gw: Gateway) -> web.Response:
-    state = await gw.state.health()
-    background = gw.watch.health()
-    ok = bool(state.get("reachable", False)) and background["ok"]
-    body = {
-        "status": "ok" if ok else "degraded",
-        "version": __version__,
-        "policy": {"source": gw.policy.source, "digest": gw.policy.digest},
-        "state": state,
-        "background": background,
-        "connections": {
-            "open": gw.guard.open,
-            "max": gw.guard.max_connections,
-            "refused": dict(gw.guard.totals),
-        },
-        "upstreams_in_flight": gw.upstream_shares.snapshot(),
-    }
-    return web.json_response(body, status=200 if ok else 503)
+    status, body = await gw.health_report()
+    return web.json_response(body, status=status)
 
 
 @contextlib.asynccontextmanager
@@ -307,26 +503,37 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
     await gw.state.start()
-
-    def on_revoke(kind: str, value: str) -> None:
-        gw.verifier.forget(lambda c: getattr(c, kind, None) == value)
-        cancelled = gw.inflight.cancel(kind, value)
-        log.info(
-            "revocation of %s %r applied; %d call(s) in flight cancelled", kind, value, cancelled
-        )
-
-    gw.state.on_revoke(on_revoke)
+    gw.state.on_revoke(gw.apply_revocation)
+    gw.state.on_pause(gw.pipeline.pause.changed)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    if gw.webhook is not None:
+        gw.webhook.start()
     try:
         yield gw
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        await gw.approvals.close()
+        if gw.webhook is not None:
+            await gw.webhook.close()
         await gw.transport.close()
+        gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
         gw.telemetry.close()
+
+
+def _reload_operators(gw: Gateway) -> None:
+    """A changed operators file takes effect at once; a bad one is reported, the operators
+    in force stay."""
+    if gw.operators is None:
+        return
+    try:
+        if gw.operators.reload():
+            log.info("operators reloaded from %s (%d)", gw.operators.path, len(gw.operators))
+    except ConfigError as exc:
+        log.error("operators reload refused: %s; keeping the operators in force", exc)
 
 
 STATE_HEALTH_EVERY = 5.0
@@ -358,7 +565,8 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
-    gw.audit.flush()
+    _reload_operators(gw)
+    gw.audit.tick()
     summary = gw.guard.summarise(now)
     if summary is not None:
         log.warning("%s", summary)
@@ -433,17 +641,13 @@ async def serve(
 ) -> None:
     """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
     gw = build_gateway(settings, environ)
-    admin_token = None
-    if settings.admin_port is not None:
-        assert settings.admin_token_file is not None  # load_settings requires it
-        admin_token = read_admin_token(settings.admin_token_file)
     async with running(gw):
         # What start-up built (modules, the policy, keys) lives as long as the process: keep
         # it out of the garbage collector's scans, which otherwise walk it on every full pass.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        await _listen(gw, settings, admin_token, on_ready)
+        await _listen(gw, settings, on_ready)
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
 
 
@@ -487,7 +691,6 @@ def _fit_connections(gw: Gateway) -> None:
 async def _listen(
     gw: Gateway,
     settings: Settings,
-    admin_token: bytes | None,
     on_ready: Callable[[str], None] | None,
 ) -> None:
     """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
@@ -505,10 +708,13 @@ async def _listen(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
     admin_runner: web.AppRunner | None = None
-    if settings.admin_port is not None and admin_token is not None:
+    if settings.admin_port is not None and gw.operators is not None:
         metrics = gw.telemetry.prometheus_text if gw.telemetry.plan.prometheus else None
-        admin_app = create_admin_app(gw.approvals, admin_token, metrics=metrics)
-        admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
+        admin_app = create_admin_app(gw, gw.operators, metrics=metrics)
+        # Event streams never end by themselves: at shutdown they are cut after a moment.
+        admin_runner = web.AppRunner(
+            admin_app, handle_signals=False, access_log=None, shutdown_timeout=CANCEL_WAIT
+        )
         await admin_runner.setup()
         try:
             await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()

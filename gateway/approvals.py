@@ -1,10 +1,32 @@
 """Held calls: a rule with ``approval: required`` waits for a person's decision.
 
-The ``approve`` stage puts the call here and waits; a person decides through the admin API
-(``gateway/admin.py``, its own listener with its own token) or ``capgate approvals``. The
-call goes on when approved, ends with ``approval_denied`` when declined, and with
-``approval_timeout`` when nobody decides before the deadline. Pending approvals belong to the
-gateway that holds the call: the agent's connection is open there.
+The ``approve`` stage puts the call here and waits; an approver decides through the admin
+API (``gateway/admin.py``) or ``capgate approvals``. The call goes on when approved, ends
+with ``approval_denied`` when declined, and with ``approval_timeout`` when nobody decides
+before the deadline. Pending approvals belong to the gateway that holds the call: the
+agent's connection is open there.
+
+An approval is bound to the exact call. The body was read and checked before the call is
+held, and it is what will be forwarded; the approver is shown all of it (up to
+``SHOWN_BODY``), with secret-looking values masked by the recordings' redactor, beside its
+SHA-256, the full target (masked the same way), the MCP tools it runs, the policy's digest
+and the expiry. A decision may name the digest the approver saw (``body_sha256``): if it is
+not this call's, nothing is decided (``mismatch``). Each id releases one call, once: of two
+operators deciding at the same moment exactly one decision counts. The ``approve`` stage
+refuses an approved call if the policy changed while it waited (``approval_stale``).
+
+With Redis state the pending approvals are published on a shared board
+(``gateway/state/approval_board.py``): a console attached to any gateway of the fleet lists
+them all and may decide any of them, exactly once; the holding gateway reads the decisions
+of its pending approvals a few times a second. With memory state the board is this process.
+
+A held MCP ``tools/call`` outlives its caller (``hold(key=..., patience=...)``): past the
+patience the caller is answered ``approval_pending`` and the approval stays pending in a
+task of its own until its deadline; a call with the same key (``protocols/mcp.approval_key``)
+attaches to it. Once decided it is remembered for another ``timeout``: the first call with
+its key to come takes an approval (the others are held anew), a denial or expiry answers
+every one. The record keeps its agent's slot until it is decided; a revocation of the call
+that waits on it withdraws it.
 
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.
@@ -13,41 +35,97 @@ approval is refused at start (and on reload) instead of holding calls for nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from gateway.errors import ApprovalDenied, ApprovalTimeout
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalTimeout, StateUnavailable
+from gateway.recording.redact import Redactor
 from gateway.shares import Shares
+from gateway.state.approval_board import POLL_S, ApprovalBoard, LocalApprovalBoard
+
+log = logging.getLogger("capgate")
 
 MAX_PENDING = 1000
-BODY_PREVIEW = 4096
+MAX_REASON = 500  # characters of an operator's note on a decision
+SHOWN_BODY = 64 * 1024  # bytes of a held body shown to approvers (its digest covers all)
+_REDACTOR = Redactor()
+
+Outcome = Literal["decided", "not_found", "mismatch"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    approved: bool
+    by: str  # the operator's name
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"approved": self.approved, "by": self.by, "reason": self.reason}
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Decision:
+        return cls(bool(data.get("approved")), str(data.get("by", "")), str(data.get("reason", "")))
+
+
+EXPIRED = Decision(False, "", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCall:
+    """What is held: the call as it will be forwarded, and why it waits."""
+
+    agent: str
+    run: str | None
+    rule: str
+    why: str
+    method: str
+    target: str  # path and query, as the agent sent them
+    body: bytes | None
+    tools: tuple[str, ...]
+    policy: str  # digest of the policy that judged the call
 
 
 @dataclass
 class Pending:
     id: str
-    agent: str
-    run: str | None
-    rule: str
-    method: str
-    target: str
-    body: str | None
+    call: HeldCall
+    body_sha256: str | None
     created: float
     deadline: float
-    decided: asyncio.Future[tuple[bool, str]] = field(repr=False)
+    decided: asyncio.Future[Decision] = field(repr=False)
+    key: str | None = None  # what a call sent again must match to attach to it
+    life: asyncio.Task[Decision] = field(init=False, repr=False)
+    taken: bool = False  # approved and taken by a call: nobody else attaches to it
+    linger: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
+        call = self.call
+        body = call.body
+        shown = None
+        if body is not None:
+            shown = _REDACTOR.body(body[:SHOWN_BODY]).data.decode("utf-8", "replace")
         return {
             "id": self.id,
-            "agent": self.agent,
-            "run": self.run,
-            "rule": self.rule,
-            "method": self.method,
-            "target": self.target,
-            "body": self.body,
+            "agent": call.agent,
+            "run": call.run,
+            "rule": call.rule,
+            "why": call.why,
+            "method": call.method,
+            "target": _REDACTOR.target(call.target),
+            "tools": list(call.tools),
+            "body": shown,
+            "body_size": None if body is None else len(body),
+            "body_truncated": body is not None and len(body) > SHOWN_BODY,
+            "body_sha256": self.body_sha256,
+            "policy": call.policy,
             "created": self.created,
+            "expires_at": self.deadline,
             "expires_in_s": max(0, round(self.deadline - time.time())),
         }
 
@@ -56,82 +134,253 @@ class Approvals:
     """Pending approvals of this gateway: at most ``MAX_PENDING`` in all and ``per_agent`` of
     one agent at once (``Shares``), so one agent's held calls never refuse another's."""
 
-    def __init__(self, timeout: float, *, per_agent: int = 10, capacity: int = MAX_PENDING) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        per_agent: int = 10,
+        capacity: int = MAX_PENDING,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        board: ApprovalBoard | None = None,
+    ) -> None:
         self.timeout = timeout
-        self._pending: dict[str, Pending] = {}
+        self._pending: dict[str, Pending] = {}  # undecided
+        self._keyed: dict[str, Pending] = {}  # by key: undecided, or decided and not taken
         self.slots = Shares("calls held for approval", capacity, per_agent)
+        self.on_event = on_event
+        self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
+        self._poller: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def count(self) -> int:
         """Calls held now (read by the metrics' collection, from another thread)."""
         return len(self._pending)
 
-    def pending(self) -> list[dict[str, Any]]:
-        return [p.public() for p in self._pending.values()]
+    def _tell(self, pending: Pending, state: str, decision: Decision | None = None) -> None:
+        if self.on_event is None:
+            return
+        call = pending.call
+        event = {
+            "type": "approval",
+            "state": state,
+            "id": pending.id,
+            "agent": call.agent,
+            "run": call.run,
+            "rule": call.rule,
+            "method": call.method,
+            "path": call.target.partition("?")[0],
+        }
+        if decision is not None:
+            event["operator"] = decision.by
+            if decision.reason:
+                event["note"] = decision.reason
+        self.on_event(event)
 
-    def decide(self, approval_id: str, approve: bool, by: str) -> bool:
-        """Record a decision; False when there is no such pending approval (any more)."""
+    def held_here(self) -> int:
+        return len(self._pending)
+
+    async def pending(self) -> list[dict[str, Any]]:
+        """Every pending approval on the board (the whole fleet's, with Redis state)."""
+        if not self.board.shared:
+            return [p.public() for p in self._pending.values()]
+        now = time.time()
+        records = await self.board.listing()
+        for record in records:
+            record["expires_in_s"] = max(0, round(float(record.get("expires_at", now)) - now))
+        return records
+
+    async def decide(
+        self,
+        approval_id: str,
+        approve: bool,
+        by: str,
+        reason: str = "",
+        *,
+        body_sha256: str | None = None,
+    ) -> Outcome:
+        """Record a decision by the operator ``by``. ``not_found`` when there is no such
+        pending approval (any more: of two operators deciding at once, exactly one wins);
+        ``mismatch`` when ``body_sha256`` names another body than the held call's."""
+        decision = Decision(approve, by, reason[:MAX_REASON])
+        outcome = await self.board.claim(approval_id, decision.as_dict(), body_sha256)
+        if outcome == "decided":
+            self._settle(approval_id, decision)
+        return outcome
+
+    def _settle(self, approval_id: str, decision: Decision) -> None:
+        """A decision taken on the board reaches the held call, if it is held here."""
         pending = self._pending.get(approval_id)
         if pending is None or pending.decided.done():
-            return False
-        pending.decided.set_result((approve, by))
-        return True
+            return
+        pending.decided.set_result(decision)
+        self._tell(pending, "approved" if decision.approved else "denied", decision)
+
+    async def _poll(self) -> None:
+        """Read the board's decisions of the calls held here (other gateways' consoles)."""
+        try:
+            while self._pending:
+                await asyncio.sleep(POLL_S)
+                ids = [i for i, p in self._pending.items() if not p.decided.done()]
+                try:
+                    found = await self.board.decisions(ids)
+                except StateUnavailable as exc:
+                    log.warning("approvals: cannot read decisions: %s", exc.detail)
+                    continue
+                for approval_id, data in found.items():
+                    self._settle(approval_id, Decision.of(data))
+        finally:
+            self._poller = None
 
     async def hold(
-        self,
-        *,
-        agent: str,
-        run: str | None,
-        rule: str,
-        method: str,
-        target: str,
-        body: bytes | None,
-    ) -> str:
-        """Wait for a decision; return the approval id when approved, raise otherwise
-        (``ConcurrencyLimited`` when the agent already has its share of calls held)."""
-        if not self.slots.try_acquire(agent):
-            raise self.slots.refusal(agent)
-        try:
-            return await self._hold(agent, run, rule, method, target, body)
-        finally:
-            self.slots.release(agent)
+        self, call: HeldCall, *, key: str | None = None, patience: float | None = None
+    ) -> tuple[str, Decision]:
+        """Wait for a decision; return the approval id and the decision when approved, raise
+        otherwise (``ConcurrencyLimited`` when the agent already has its share held).
 
-    async def _hold(
-        self,
-        agent: str,
-        run: str | None,
-        rule: str,
-        method: str,
-        target: str,
-        body: bytes | None,
-    ) -> str:
+        With a ``key`` (what makes two calls the same call, the request id aside) the
+        approval outlives its caller: past ``patience`` seconds ``ApprovalPending`` is
+        raised and the record stays pending until its deadline; a call with the same key
+        attaches to it. An approval is taken by one call only: the others attached to it
+        are held anew (a new approval)."""
+        while True:
+            pending = self._keyed.get(key) if key is not None else None
+            if pending is None:
+                pending = await self._open(call, key)
+            try:
+                decision = await asyncio.wait_for(asyncio.shield(pending.life), patience)
+            except TimeoutError:
+                raise ApprovalPending(
+                    f"this call awaits a person's approval (approval {pending.id}); it was not "
+                    "forwarded: call the tool again with the same arguments to continue it, "
+                    "it runs once approved",
+                    approval=pending.id,
+                    rule=call.rule,
+                ) from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() == 0 and not self._closing:
+                    continue  # not this call: the approval was withdrawn by another's end
+                if key is None:  # nobody can attach to it: it ends with its caller
+                    pending.life.cancel()
+                raise
+            if not decision.approved or not pending.taken:
+                break
+            # Another call with the same key took this approval: this one is a new call.
+        return self._take(pending, decision)
+
+    async def _open(self, call: HeldCall, key: str | None) -> Pending:
+        if not self.slots.try_acquire(call.agent):
+            raise self.slots.refusal(call.agent)
         approval_id = os.urandom(8).hex()
         now = time.time()
-        preview = None
-        if body:
-            preview = body[:BODY_PREVIEW].decode("utf-8", "replace")
         pending = Pending(
             id=approval_id,
-            agent=agent,
-            run=run,
-            rule=rule,
-            method=method,
-            target=target,
-            body=preview,
+            call=call,
+            body_sha256=None if call.body is None else hashlib.sha256(call.body).hexdigest(),
             created=now,
             deadline=now + self.timeout,
             decided=asyncio.get_running_loop().create_future(),
+            key=key,
         )
         self._pending[approval_id] = pending
+        if key is not None:
+            self._keyed[key] = pending
         try:
-            approved, by = await asyncio.wait_for(asyncio.shield(pending.decided), self.timeout)
-        except TimeoutError:
-            raise ApprovalTimeout(
-                f"nobody approved this call within {int(self.timeout)} s (approval {approval_id})",
-                rule=rule,
-            ) from None
-        finally:
+            await self.board.publish(approval_id, pending.public(), pending.deadline)
+        except BaseException:
             self._pending.pop(approval_id, None)
-        if not approved:
-            raise ApprovalDenied(f"approval {approval_id} was declined by {by}", rule=rule)
-        return approval_id
+            self._forget_key(pending)
+            self.slots.release(call.agent)
+            raise
+        self._tell(pending, "held")
+        if self.board.shared and self._poller is None:
+            self._poller = asyncio.create_task(self._poll(), name="capgate-approvals")
+        pending.life = asyncio.create_task(self._life(pending), name="capgate-approval")
+        pending.life.add_done_callback(_retrieved)
+        return pending
+
+    async def _life(self, pending: Pending) -> Decision:
+        """A pending approval from its creation to its decision (or expiry); a keyed one is
+        then remembered for ``timeout`` more seconds, for the calls that come back for it."""
+        try:
+            decision = await self._wait(pending)
+        except BaseException:
+            self._forget_key(pending)
+            raise
+        finally:
+            self._pending.pop(pending.id, None)
+            self.slots.release(pending.call.agent)
+            with contextlib.suppress(StateUnavailable):
+                await self.board.forget(pending.id)
+        if pending.key is not None and not pending.taken:
+            loop = asyncio.get_running_loop()
+            pending.linger = loop.call_later(self.timeout, self._forget_key, pending)
+        return decision
+
+    def withdraw(self, key: str) -> None:
+        """The call that waits on the approval ``key`` was revoked or cut: the approval ends
+        with it instead of staying pending for a retry."""
+        pending = self._keyed.get(key)
+        if pending is not None:
+            self._forget_key(pending)
+            pending.life.cancel()
+
+    def _forget_key(self, pending: Pending) -> None:
+        if pending.key is not None and self._keyed.get(pending.key) is pending:
+            del self._keyed[pending.key]
+        if pending.linger is not None:
+            pending.linger.cancel()
+
+    def _take(self, pending: Pending, decision: Decision) -> tuple[str, Decision]:
+        """The decision for the call that takes it: an approval is taken once."""
+        call = pending.call
+        if decision is EXPIRED:
+            raise ApprovalTimeout(
+                f"nobody approved this call within {int(self.timeout)} s (approval {pending.id})",
+                rule=call.rule,
+            )
+        if not decision.approved:
+            note = f": {decision.reason}" if decision.reason else ""
+            refused = ApprovalDenied(f"approval {pending.id} was declined{note}", rule=call.rule)
+            refused.operator = decision.by
+            raise refused
+        pending.taken = True
+        self._forget_key(pending)
+        return pending.id, decision
+
+    async def close(self) -> None:
+        """End the pending approvals' waits (the gateway stops)."""
+        self._closing = True
+        lives = [p.life for p in self._keyed.values()] + [p.life for p in self._pending.values()]
+        for life in lives:
+            life.cancel()
+        for pending in list(self._keyed.values()):
+            self._forget_key(pending)
+        await asyncio.gather(*lives, return_exceptions=True)
+
+    async def _wait(self, pending: Pending) -> Decision:
+        """The decision, or ``EXPIRED``: at the deadline the expiry claims the id like a
+        decision would, so a decision racing it either wins whole or loses whole."""
+        try:
+            left = max(0.0, pending.deadline - time.time())
+            return await asyncio.wait_for(asyncio.shield(pending.decided), left)
+        except TimeoutError:
+            pass
+        if await self.board.claim(pending.id, EXPIRED.as_dict(), None) == "decided":
+            self._tell(pending, "expired")
+            return EXPIRED
+        found = await self.board.decisions([pending.id])  # someone decided just in time
+        if pending.id in found:
+            self._settle(pending.id, Decision.of(found[pending.id]))
+        if pending.decided.done():
+            return pending.decided.result()
+        self._tell(pending, "expired")
+        return EXPIRED
+
+
+def _retrieved(life: asyncio.Task[Decision]) -> None:
+    """A detached approval's failure (the board unreachable at its expiry) was logged by
+    nobody waiting: log it here."""
+    if not life.cancelled() and life.exception() is not None:
+        log.warning("approvals: a pending approval ended in error: %r", life.exception())

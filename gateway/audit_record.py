@@ -14,6 +14,8 @@ when they are short and made of a safe alphabet; anything else is written as ``~
 short keyed digest of it, which still lets two lines be correlated without the text.
 
 ``AUDIT_RECORD_VERSION`` is written in every line as ``v``; fields are added, never renamed.
+The trail writes a record in a ``decision`` line (``audit_trail.py``); ``docs/audit.md``
+specifies every line type.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NotRequired, TypedDict
 
-AUDIT_RECORD_VERSION = 1
+AUDIT_RECORD_VERSION = 2  # 2: written in typed lines (docs/audit.md); 1: one line per call
 MAX_PATH = 512  # characters of the path kept (the path is the policy's subject, never a value)
 MAX_NAMES = 32  # query parameter names / tool names kept per call
 MAX_LABEL = 128  # characters of one agent-controlled name
@@ -150,6 +152,7 @@ class AuditRecord(TypedDict):
     sql: NotRequired[SqlSummary]
     mcp: NotRequired[McpSummary]  # one line per JSON-RPC message, sharing the request id
     approval: NotRequired[str]  # the approval that let the call go on
+    operator: NotRequired[str]  # the operator whose action decided it: approved, declined, stopped
     state_error_allowed: NotRequired[bool]  # only ever True
 
 

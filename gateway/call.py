@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,8 +96,14 @@ class Call:
     content_type: str | None = None  # validate / protocol: Content-Type of the checked body
     state_error_allowed: bool = False  # match_policy / throttle: on_state_error: allow
     approval: str | None = None  # approve: the approval that let the call go on
+    operator: str | None = (
+        None  # the operator whose action decided it (approved, declined, stopped)
+    )
+    taint: str | None = None  # taint_gate: why this sensitive call of a tainted run is held
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
+    audit_decided: bool = False  # audit: the decision line was written before forwarding
+    request_digest: BodyDigest | None = None  # audit: the forwarded body's keyed digest
     dispatched: bool = False  # dispatch: the call was handed to the transport
     deadline: float | None = None  # dispatch: loop time by which the upstream exchange ends
     response: UpstreamResponse | None = None  # dispatch
@@ -168,6 +174,14 @@ class Call:
             ) from None
         self.body = b"".join(chunks)
         return self.body
+
+
+class DecisionLog(Protocol):
+    """Told of an allowed call before it is forwarded (the audit trail): its decision line
+    is written first, or the call is refused (``AuditUnavailable``)."""
+
+    def call_decided(self, call: Call, records: Sequence[AuditRecord]) -> Awaitable[None] | None:
+        """Write the decision; an awaitable when the call must wait for it to be durable."""
 
 
 class CallObserver(Protocol):

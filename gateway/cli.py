@@ -8,12 +8,16 @@
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
     capgate policy schema
-    capgate audit verify FILE
+    capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
+    capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
     capgate recording import-har HAR DIR --map URL=UP
     capgate replay DIR [serve options] -- COMMAND ...
-    capgate approvals list | approve ID | deny ID --admin URL --token-file FILE
+    capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
+    capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
+    capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file F
+    capgate pause|resume|stop (--agent A | --run R) [--reason T] [--for 10m] --admin URL ...
 
 Errors are one readable line on stderr and a non-zero exit: 1 for a negative verdict (a
 policy with errors, a broken audit chain), 2 for bad usage or configuration. Never a
@@ -25,20 +29,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway import __version__
+from gateway.commands.console import (
+    add_console_commands,
+    cmd_act,
+    cmd_approvals,
+    cmd_operators,
+    cmd_watch,
+)
 from gateway.errors import ConfigError, GatewayError
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE = 0, 1, 2
 
 
-APPROVAL_ID = re.compile(r"[0-9a-f]{16}")
 """The form of an approval id (``Approvals.hold`` makes 8 random bytes in hex)."""
 
 
@@ -82,6 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
         "created 0600 when absent)",
     )
     s.add_argument(
+        "--audit-fsync", help="always (sync before forwarding), a duration (default 1s), never"
+    )
+    s.add_argument("--audit-mirror", help="a second copy of every audit line (another volume)")
+    s.add_argument(
+        "--audit-signing-key", help="Ed25519 key of the checkpoints (default <audit>.signing.pem)"
+    )
+    s.add_argument("--audit-jwks", help="where its public key is published (<audit>.jwks.json)")
+    s.add_argument(
+        "--audit-anchor", help="where checkpoints are kept: file:PATH, exec:COMMAND, redis"
+    )
+    s.add_argument("--audit-checkpoint-lines", help="a checkpoint every N lines (1000)")
+    s.add_argument("--audit-checkpoint-interval", help="and every T (10s)")
+    s.add_argument("--audit-rotate-size", help="rotate the audit file at this size, e.g. 100MB")
+    s.add_argument("--audit-rotate-interval", help="rotate the audit file this often, e.g. 24h")
+    s.add_argument("--audit-gateway-id", help="this gateway's name in checkpoints (host name)")
+    s.add_argument(
         "--upstream-key", dest="upstream_key", help="key that signs agent-jwt credentials"
     )
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
@@ -110,9 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--service-name", dest="service_name", help="service.name (default capgate)")
     s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
     s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
+    s.add_argument(
+        "--operators", dest="operators_file", help="named operators file (capgate operators add)"
+    )
     s.add_argument("--approval-timeout", dest="approval_timeout", help="e.g. 5m")
     s.add_argument(
         "--approvals-per-agent", dest="approvals_per_agent", help="held calls per agent (10)"
+    )
+    s.add_argument(
+        "--approval-webhook", dest="approval_webhook", help="URL told when a call is held"
+    )
+    s.add_argument(
+        "--pause-hold", dest="pause_hold", help="how long a paused agent's call is held (5m)"
     )
     s.add_argument(
         "--max-connections", dest="max_connections", help="agent connections at once (1024)"
@@ -161,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     psub.add_parser(
         "schema", help="print the JSON Schema of the policy file (for editors and linters)"
     )
+    pg = psub.add_parser(
+        "grants", help="print the database grants that mirror a rule's sql: policy"
+    )
+    pg.add_argument("--dialect", required=True, choices=("postgres", "sqlite"))
+    pg.add_argument("--role", required=True, help="the database role that gets the grants")
+    pg.add_argument("--rule", help="the rule (needed when several check SQL of the dialect)")
+    pg.add_argument("--statement-timeout", default="5s", help="postgres: the role's timeout")
+    pg.add_argument("--source", default="full.db", help="sqlite: the full database to copy")
+    pg.add_argument("policy", nargs="?", type=Path, default=Path("policy.yaml"))
     pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
     pt.add_argument("--policy", required=True, type=Path)
     pt.add_argument("recording", type=Path)
@@ -193,11 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
     )
 
-    ap = sub.add_parser("approvals", help="calls held for approval (through the admin API)")
-    ap.add_argument("action", choices=["list", "approve", "deny"])
-    ap.add_argument("id", nargs="?", help="the approval id (approve, deny)")
-    ap.add_argument("--admin", required=True, help="admin API URL, e.g. http://127.0.0.1:8788")
-    ap.add_argument("--token-file", required=True, type=Path, help="admin bearer token file")
+    add_console_commands(sub)
 
     rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
     rp.add_argument("directory", type=Path)
@@ -207,10 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve options (--policy, --jwks, ...), then -- COMMAND ...",
     )
 
-    a = sub.add_parser("audit", help="the audit trail")
-    asub = a.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
-    av = asub.add_parser("verify", help="check the hash chain of an audit file")
-    av.add_argument("file", type=Path)
+    from gateway.commands.audit import add_audit_parsers
+
+    add_audit_parsers(sub, _Parser)
 
     r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
     g = r.add_mutually_exclusive_group(required=True)
@@ -311,6 +349,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
         from gateway.commands.recording import cmd_policy_test
 
         return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
+    if args.policy_command == "grants":
+        return _cmd_policy_grants(args)
     if args.policy_command == "check":
         bad = 0
         for path in args.files:
@@ -364,18 +404,39 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from gateway.audit_trail import verify
+def _cmd_policy_grants(args: argparse.Namespace) -> int:
+    from gateway.commands.grants import GrantsError, print_grants
+    from gateway.policy.load import load_policy
+    from gateway.policy_file import PolicyError
 
     try:
-        count, broken = verify(args.file)
-    except OSError as exc:
-        raise CliError(f"{args.file}: {exc.strerror}") from None
-    if broken is not None:
-        print(f"{args.file}:{broken.line}: {broken.message} ({count} lines verified before it)")
-        return EXIT_NEGATIVE
-    print(f"{args.file}: ok, {count} lines, hash chain intact")
-    return EXIT_OK
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        raise CliError(f"policy has errors:\n{exc}") from None
+    try:
+        grants = print_grants(
+            policy,
+            dialect=args.dialect,
+            role=args.role,
+            rule_id=args.rule,
+            statement_timeout=args.statement_timeout,
+            source=args.source,
+        )
+    except GrantsError as exc:
+        raise CliError(str(exc)) from None
+    sys.stdout.write(grants.text())
+    return EXIT_OK if grants.complete else EXIT_NEGATIVE
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from gateway.commands.audit import AuditCliError, cmd_audit_query, cmd_audit_verify
+
+    try:
+        if args.audit_command == "query":
+            return cmd_audit_query(args)
+        return cmd_audit_verify(args)
+    except AuditCliError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_recording(args: argparse.Namespace) -> int:
@@ -404,44 +465,6 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
 
 
-def cmd_approvals(args: argparse.Namespace) -> int:
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    from gateway.admin import read_admin_token
-
-    if args.action != "list" and not args.id:
-        raise CliError(f"approvals {args.action} needs the approval id")
-    if args.action != "list" and not APPROVAL_ID.fullmatch(args.id):
-        raise CliError(
-            f"approval id {args.id!r}: expected 16 hex digits, as `capgate approvals list` shows"
-        )
-    if not args.admin.startswith(("http://", "https://")):
-        raise CliError(f"--admin {args.admin!r}: expected an http(s) URL")
-    token = read_admin_token(args.token_file).decode()
-    path = "/approvals" if args.action == "list" else f"/approvals/{args.id}/{args.action}"
-    request = urllib.request.Request(  # noqa: S310 (http(s) checked above)
-        args.admin.rstrip("/") + path,
-        method="GET" if args.action == "list" else "POST",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (operator URL)
-            print(json.dumps(json.loads(resp.read()), indent=2))
-            return EXIT_OK
-    except urllib.error.HTTPError as err:
-        with err:
-            raw = err.read()
-        try:
-            detail = json.loads(raw).get("detail", err.reason)
-        except (ValueError, AttributeError):
-            detail = err.reason
-        raise CliError(f"admin API answered {err.code}: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        raise CliError(f"cannot reach the admin API at {args.admin}: {exc}") from None
-
-
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
     from gateway.state.base import REVOCATION_KINDS
@@ -466,31 +489,42 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+# The commands that need the environment, and those that need only their arguments.
+_WITH_ENV: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
+    "serve": cmd_serve,
+    "revoke": cmd_revoke,
+    "replay": cmd_replay,
+}
+_PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "keys": cmd_keys,
+    "token": cmd_token,
+    "policy": cmd_policy,
+    "audit": cmd_audit,
+    "approvals": cmd_approvals,
+    "watch": cmd_watch,
+    "operators": cmd_operators,
+    "pause": cmd_act,
+    "resume": cmd_act,
+    "stop": cmd_act,
+    "recording": cmd_recording,
+}
+
+
+def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.command in _WITH_ENV:
+        return _WITH_ENV[args.command](args, env)
+    if args.command in _PLAIN:
+        return _PLAIN[args.command](args)
+    raise CliError(f"unknown command {args.command!r}")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     from gateway.config import process_environ
 
     env = process_environ() if environ is None else environ
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "serve":
-            return cmd_serve(args, env)
-        if args.command == "keys":
-            return cmd_keys(args)
-        if args.command == "token":
-            return cmd_token(args)
-        if args.command == "policy":
-            return cmd_policy(args)
-        if args.command == "audit":
-            return cmd_audit(args)
-        if args.command == "revoke":
-            return cmd_revoke(args, env)
-        if args.command == "approvals":
-            return cmd_approvals(args)
-        if args.command == "recording":
-            return cmd_recording(args)
-        if args.command == "replay":
-            return cmd_replay(args, env)
-        raise CliError(f"unknown command {args.command!r}")
+        return _run(args, env)
     except (CliError, ConfigError, GatewayError) as exc:
         message = exc.detail if isinstance(exc, GatewayError) else str(exc)
         print(f"capgate: error: {message}", file=sys.stderr)

@@ -22,6 +22,17 @@ upstream_key           (none)               private key for agent-jwt upstream c
 secrets_dir            policy file's dir    where relative ``file:`` secret references live
 audit                  capgate-audit.jsonl  audit file ("-" or "" for none)
 audit_key              <audit file>.key     key of the audit's body digests (made 0600 if absent)
+audit_fsync            1s                   ``always`` (before forwarding), a duration, ``never``
+audit_mirror           (none)               a second copy of every line (another volume)
+audit_signing_key      <audit>.signing.pem  Ed25519 key of the checkpoints (made 0600 if absent)
+audit_jwks             <audit>.jwks.json    where its public key is published (keys kept)
+audit_anchor           (none)               file:PATH, exec:COMMAND, redis or redis://...
+audit_checkpoint_lines 1000                 a signed checkpoint at least every N lines, and
+audit_checkpoint_      10s                  ... every T (when lines were written); the key
+ interval                                   is ``audit_checkpoint_interval``
+audit_rotate_size      (none)               rotate the audit file at this size (e.g. 100MB)
+audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
+audit_gateway_id       host name            this gateway's name in checkpoints and anchors
 state                  memory               ``memory`` or ``redis://host:port/db``
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
@@ -31,9 +42,15 @@ shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
 admin_port             (none: off)          admin API listener (approvals), on ``host``
-admin_token_file       (none)               bearer token of the admin API (a 0600 file)
+admin_token_file       (none)               one admin token for the admin API (a 0600 file;
+                                            acts as the operator ``admin``)
+operators_file         (none)               named operators of the admin API, with roles
+                                            (``capgate operators add``)
 approval_timeout       5m                   how long a held call waits for a decision
 approvals_per_agent    10                   calls of one agent held for approval at once
+approval_webhook       (none)               http(s) URL told (JSON POST) when a call starts
+                                            waiting for approval (chat, pager)
+pause_hold             5m                   how long a paused agent's call is held (then 503)
 max_connections        1024                 agent connections open at once (kept below the fd limit)
 head_timeout           10s                  a request's head must arrive whole within this
 idle_timeout           60s                  a connection with no complete request is closed
@@ -64,12 +81,16 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from gateway.audit_anchor import AnchorSpec
+from gateway.audit_trail import FsyncPolicy
 from gateway.errors import ConfigError
 from gateway.policy_file import parse_duration, parse_size
 from gateway.tokens import ALGORITHMS, TokenSettings
@@ -86,6 +107,16 @@ class Settings:
     secrets_dir: Path | None = None
     audit: Path | None = Path("capgate-audit.jsonl")
     audit_key: Path | None = None  # None: the audit file's name + ".key"
+    audit_fsync: FsyncPolicy = FsyncPolicy()
+    audit_mirror: Path | None = None
+    audit_signing_key: Path | None = None  # None: the audit file's name + ".signing.pem"
+    audit_jwks: Path | None = None  # None: the audit file's name + ".jwks.json"
+    audit_anchor: AnchorSpec | None = None
+    audit_checkpoint_lines: int = 1000
+    audit_checkpoint_interval: float = 10.0
+    audit_rotate_size: int | None = None
+    audit_rotate_interval: float | None = None
+    audit_gateway_id: str = field(default_factory=socket.gethostname)
     state: str = "memory"
     mode: str = "live"
     recordings: Path | None = None
@@ -98,8 +129,11 @@ class Settings:
     traces: str | None = None
     admin_port: int | None = None
     admin_token_file: Path | None = None
+    operators_file: Path | None = None
     approval_timeout: float = 300.0
     approvals_per_agent: int = 10
+    approval_webhook: str | None = None
+    pause_hold: float = 300.0
     max_connections: int = 1024
     head_timeout: float = 10.0
     idle_timeout: float = 60.0
@@ -169,6 +203,16 @@ def _optional_path(value: Any) -> Path | None:
     if value in ("", "-", None):
         return None
     return _path(value)
+
+
+def _webhook_url(value: Any) -> str | None:
+    if value in ("", None):
+        return None
+    text = _text(value)
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL")
+    return text
 
 
 def _csv(value: Any) -> tuple[str, ...]:
@@ -299,6 +343,16 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "secrets_dir": _optional_path,
     "audit": _optional_path,
     "audit_key": _optional_path,
+    "audit_fsync": FsyncPolicy.parse,
+    "audit_mirror": _optional_path,
+    "audit_signing_key": _optional_path,
+    "audit_jwks": _optional_path,
+    "audit_anchor": _text,  # parsed once the state URL is known (``redis`` uses it)
+    "audit_checkpoint_lines": lambda v: _count(v, 1, 10_000_000),
+    "audit_checkpoint_interval": _positive_duration,
+    "audit_rotate_size": _size,
+    "audit_rotate_interval": _positive_duration,
+    "audit_gateway_id": _text,
     "state": _state,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
@@ -310,8 +364,11 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "traces": _traces,
     "admin_port": _port,
     "admin_token_file": _optional_path,
+    "operators_file": _optional_path,
     "approval_timeout": _positive_duration,
     "approvals_per_agent": lambda v: _count(v, 1, 1000),
+    "approval_webhook": _webhook_url,
+    "pause_hold": _positive_duration,
     "max_connections": lambda v: _count(v, 16, 1_000_000),
     "head_timeout": _positive_duration,
     "idle_timeout": _positive_duration,
@@ -364,6 +421,15 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _anchor(given: tuple[str, Any], state: str | None) -> AnchorSpec:
+    """``audit_anchor`` once the state URL is known (``redis`` names the state's Redis)."""
+    where, value = given
+    try:
+        return AnchorSpec.parse(_text(value), state)
+    except ValueError as exc:
+        raise ConfigError(f"{where} has value {value!r}; {exc}") from None
+
+
 def process_environ() -> Mapping[str, str]:
     """The process's environment: read here and passed down, so nothing else reads it."""
     return os.environ
@@ -396,10 +462,15 @@ def _check_together(values: dict[str, Any]) -> None:
     if "prometheus" in (values.get("metrics_exporter") or ()) and values.get("admin_port") is None:
         raise ConfigError(
             "metrics_exporter prometheus is served on the admin listener's /metrics; "
-            "it needs admin_port (--admin-port) and admin_token_file"
+            "it needs admin_port (--admin-port) and operators"
         )
-    if values.get("admin_port") is not None and values.get("admin_token_file") is None:
-        raise ConfigError("admin_port needs admin_token_file (--admin-token-file)")
+    if values.get("admin_port") is not None and not (
+        values.get("admin_token_file") or values.get("operators_file")
+    ):
+        raise ConfigError(
+            "admin_port needs operators: --operators FILE (capgate operators add) "
+            "or --admin-token-file"
+        )
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
 
@@ -432,6 +503,8 @@ def load_settings(
             shown = "(masked)" if key in NO_FLAG else repr(value)
             raise ConfigError(f"{where} has value {shown}; {exc}") from None
     _check_together(values)
+    if "audit_anchor" in values:
+        values["audit_anchor"] = _anchor(raw["audit_anchor"], values.get("state"))
     token_args = {TOKEN_FIELDS[k]: v for k, v in values.items() if k in TOKEN_FIELDS}
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
     ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")

@@ -14,12 +14,17 @@ structured ``errors`` (a list of dicts, e.g. the failing JSON pointer or SQL pos
     ├── BadRequest (400)            target_ambiguous, query_invalid, body_invalid
     │   └── UnsupportedMediaType (415) unsupported_media_type
     ├── PayloadTooLarge (413)       payload_too_large
-    ├── Throttled (429)             rate_limited, quota_exhausted
+    ├── Throttled (429)             rate_limited, quota_exhausted, concurrency_limited,
+    │                               attempts_limited
     ├── ApprovalTimeout (408)       approval_timeout
+    ├── ApprovalStale (409)         approval_stale
+    ├── ApprovalPending (202)       approval_pending (held past the MCP client's patience)
     ├── UpstreamError (502)         upstream_unavailable
     │   └── UpstreamTimeout (504)   upstream_timeout (also a TimeoutError)
     ├── ReplayMiss (421)            replay_miss
     ├── StateUnavailable (503)      state_unavailable
+    ├── AgentPaused (503)           agent_paused (Retry-After)
+    ├── AuditUnavailable (503)      audit_unavailable
     ├── ClientClosed (499)          client_closed (the agent hung up; not an error)
     └── InternalError (500)         internal_error
 
@@ -59,9 +64,13 @@ class Reason(StrEnum):
     MCP_SESSION_UNKNOWN = "mcp_session_unknown"
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
+    APPROVAL_STALE = "approval_stale"
+    APPROVAL_PENDING = "approval_pending"
+    RUN_TAINTED = "run_tainted"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
     CONCURRENCY_LIMITED = "concurrency_limited"
+    ATTEMPTS_LIMITED = "attempts_limited"
     REQUEST_TIMEOUT = "request_timeout"
     GATEWAY_STOPPING = "gateway_stopping"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -69,6 +78,8 @@ class Reason(StrEnum):
     REPLAY_MISS = "replay_miss"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     STATE_UNAVAILABLE = "state_unavailable"
+    AGENT_PAUSED = "agent_paused"
+    AUDIT_UNAVAILABLE = "audit_unavailable"
     INTERNAL_ERROR = "internal_error"
     CLIENT_CLOSED = "client_closed"
 
@@ -230,6 +241,15 @@ class ApprovalDenied(PolicyDenied):
 
     reason = Reason.APPROVAL_DENIED
     title = "Approval denied"
+    operator: str | None = None  # who declined it (for the audit line, never the agent)
+
+
+class RunTainted(PolicyDenied):
+    """Raised for a sensitive call (``when_tainted: deny``) of a run that has read untrusted
+    content: the detail names what tainted it and when."""
+
+    reason = Reason.RUN_TAINTED
+    title = "Run tainted by untrusted content"
 
 
 # --- 400: malformed input -------------------------------------------------------------------
@@ -315,6 +335,14 @@ class RateLimited(Throttled):
     reason = Reason.RATE_LIMITED
 
 
+class AttemptsLimited(Throttled):
+    """Raised when the agent's attempts at a rule (allowed or not, counted before the payload
+    is checked) are used up for now."""
+
+    reason = Reason.ATTEMPTS_LIMITED
+    title = "Too many attempts"
+
+
 class QuotaExhausted(Throttled):
     """Raised when the run's quota of calls (in total or for the rule) is spent."""
 
@@ -361,6 +389,29 @@ class ApprovalTimeout(GatewayError):
     title = "Approval timed out"
 
 
+class ApprovalStale(GatewayError):
+    """Raised when a held call was approved under a policy that is no longer in force: the
+    approval was for the call as that policy judged it, so it is not forwarded."""
+
+    status = 409
+    reason = Reason.APPROVAL_STALE
+    title = "Approval given under another policy"
+
+
+class ApprovalPending(GatewayError):
+    """Raised when a held MCP ``tools/call`` is still undecided at the upstream's
+    ``approval_patience``: the call was not forwarded, its approval stays pending, and the
+    same call sent again (same arguments) attaches to it."""
+
+    status = 202
+    reason = Reason.APPROVAL_PENDING
+    title = "Awaiting approval"
+
+    def __init__(self, detail: str, *, approval: str = "", **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.approval = approval
+
+
 class UpstreamError(GatewayError):
     """Raised when the upstream cannot be reached or answers in a way we cannot pass on."""
 
@@ -396,6 +447,28 @@ class StateUnavailable(GatewayError):
     status = 503
     reason = Reason.STATE_UNAVAILABLE
     title = "State store unavailable"
+
+
+class AgentPaused(GatewayError):
+    """Raised when an operator paused the call's agent or run and the call was held past the
+    pause hold, or the agent already has its share of calls held; carries ``Retry-After``."""
+
+    status = 503
+    reason = Reason.AGENT_PAUSED
+    title = "Agent paused"
+
+
+class AuditUnavailable(GatewayError):
+    """Raised when the audit trail cannot be written (disk full, permission, file gone): an
+    allowed call is not forwarded without its line (fail closed)."""
+
+    status = 503
+    reason = Reason.AUDIT_UNAVAILABLE
+    title = "Audit trail unavailable"
+
+    def __init__(self, detail: str, **kwargs: Any) -> None:
+        super().__init__(detail, **kwargs)
+        self.headers.setdefault("Retry-After", "1")
 
 
 class ClientClosed(GatewayError):
@@ -446,9 +519,13 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.MCP_SESSION_UNKNOWN: McpSessionUnknown,
     Reason.APPROVAL_DENIED: ApprovalDenied,
     Reason.APPROVAL_TIMEOUT: ApprovalTimeout,
+    Reason.APPROVAL_STALE: ApprovalStale,
+    Reason.APPROVAL_PENDING: ApprovalPending,
+    Reason.RUN_TAINTED: RunTainted,
     Reason.RATE_LIMITED: RateLimited,
     Reason.QUOTA_EXHAUSTED: QuotaExhausted,
     Reason.CONCURRENCY_LIMITED: ConcurrencyLimited,
+    Reason.ATTEMPTS_LIMITED: AttemptsLimited,
     Reason.REQUEST_TIMEOUT: RequestTimeout,
     Reason.GATEWAY_STOPPING: GatewayStopping,
     Reason.UPSTREAM_UNAVAILABLE: UpstreamUnavailable,
@@ -456,6 +533,8 @@ ERROR_CLASSES: dict[Reason, type[GatewayError]] = {
     Reason.REPLAY_MISS: ReplayMiss,
     Reason.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     Reason.STATE_UNAVAILABLE: StateUnavailable,
+    Reason.AGENT_PAUSED: AgentPaused,
+    Reason.AUDIT_UNAVAILABLE: AuditUnavailable,
     Reason.INTERNAL_ERROR: InternalError,
     Reason.CLIENT_CLOSED: ClientClosed,
 }

@@ -27,8 +27,12 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def cancel(self, kind: str, value: str) -> int:
-        """Cancel every call whose token matches a new revocation; the number cancelled."""
+    def calls(self) -> list[Call]:
+        return list(self._calls)
+
+    def cancel(self, kind: str, value: str, by: str | None = None) -> int:
+        """Cancel every call whose token matches a new revocation (by the operator ``by``,
+        when this gateway knows); the number cancelled."""
         cancelled = 0
         for call, task in list(self._calls.items()):
             claims = call.claims
@@ -37,6 +41,7 @@ class InFlight:
             hit = {"jti": claims.jti, "agent": claims.agent, "run": claims.run}.get(kind)
             if hit == value and call.revoked is None:
                 call.revoked = TokenRevoked(f"this token's {kind} was revoked during the call")
+                call.operator = by
                 task.cancel()
                 cancelled += 1
         return cancelled

@@ -6,6 +6,7 @@ The ``Limiter`` turns a rule's rate and quotas into store calls and the store's 
 another's key)::
 
     rate:   <agent>:<rule>                 one limiter per (agent, rule)
+    rate:   <agent>:<rule>:attempts        attempts per (agent, rule), before any check
     quota:  {<run>}:total                  the run's calls in total
     quota:  {<run>}:rule:<rule>            the run's calls to one rule
 
@@ -19,11 +20,11 @@ import math
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from gateway.errors import QuotaExhausted, RateLimited
+from gateway.errors import AttemptsLimited, QuotaExhausted, RateLimited
 from gateway.rates import Rate
 from gateway.state.base import StateStore
 
-__all__ = ["Limiter", "rate_key", "rule_quota_key", "run_quota_key"]
+__all__ = ["Limiter", "attempts_key", "rate_key", "rule_quota_key", "run_quota_key"]
 
 
 def _q(part: str) -> str:
@@ -33,6 +34,12 @@ def _q(part: str) -> str:
 def rate_key(agent: str, rule_id: str) -> str:
     """The limiter key for one agent's calls to one rule."""
     return f"{_q(agent)}:{_q(rule_id)}"
+
+
+def attempts_key(agent: str, rule_id: str) -> str:
+    """The limiter key for one agent's attempts at one rule (a rule id never holds an
+    unencoded ':', so this key is no rate key's)."""
+    return f"{_q(agent)}:{_q(rule_id)}:attempts"
 
 
 def run_quota_key(run: str) -> str:
@@ -61,6 +68,25 @@ class Limiter:
     """
 
     quota_ttl_s: float = 7 * 86400.0
+
+    async def check_attempt(
+        self, store: StateStore, *, agent: str, rule_id: str, attempts: Rate
+    ) -> None:
+        """Count one attempt at ``rule_id`` by ``agent`` or raise ``AttemptsLimited``.
+
+        Counted before the payload checks, allowed or not, so that a flood of refused (or
+        costly) payloads is bounded; the rule's rate and quotas count allowed calls only.
+        ``StateUnavailable`` from the store propagates unchanged.
+        """
+        got = await store.take(attempts_key(agent, rule_id), attempts)
+        if not got.allowed:
+            headers = retry_after_header(got.retry_after)
+            raise AttemptsLimited(
+                f"the attempts of {attempts} at rule '{rule_id}' are used up for this agent "
+                f"(counted before the payload is checked); retry in {headers['Retry-After']} s",
+                rule=rule_id,
+                headers=headers,
+            )
 
     async def check(
         self,

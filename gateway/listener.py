@@ -71,11 +71,15 @@ class ConnectionGuard:
     busy: int = 0  # requests being handled now
     counts: Counter[str] = field(default_factory=Counter)  # since the last summary
     totals: Counter[str] = field(default_factory=Counter)  # since start (health)
+    # Told of each refusal by reason code and peer address: the audit trail's summary lines.
+    refused: Callable[[str, str | None], None] | None = None
     _last_summary: float = 0.0
 
-    def note(self, what: str) -> None:
+    def note(self, what: str, reason: str | None = None, source: str | None = None) -> None:
         self.counts[what] += 1
         self.totals[what] += 1
+        if reason is not None and self.refused is not None:
+            self.refused(reason, source)
 
     def summarise(self, now: float) -> str | None:
         """One line for what happened since the last summary (None if nothing did); logged
@@ -153,7 +157,9 @@ class AgentConnection(RequestHandler):
     def _head_expired(self) -> None:
         self._head_timer = None
         if not self.in_request:
-            self.guard.note("request heads not complete in time")
+            self.guard.note(
+                "request heads not complete in time", "request_timeout", _peer(self.transport)
+            )
             self.force_close()
 
     def handle_error(
@@ -165,7 +171,11 @@ class AgentConnection(RequestHandler):
     ) -> web.StreamResponse:
         """aiohttp's answer to a request it could not parse (or a handler that failed outside
         the pipeline): problem+json with a reason, the connection closed, no traceback."""
-        self.guard.note("requests refused by the HTTP parser or cut by the peer")
+        self.guard.note(
+            "requests refused by the HTTP parser or cut by the peer",
+            "http_invalid" if 400 <= status < 500 else "internal_error",
+            _peer(self.transport),
+        )
         if request.writer.output_size > 0:
             raise ConnectionError("the response was already started")
         error: GatewayError = (
@@ -201,9 +211,15 @@ class AgentServer(web.Server):
 
     def __call__(self) -> Any:  # RequestHandler, or AtCapacity over the cap
         if self.guard.open >= self.guard.max_connections:
-            self.guard.note("connections refused at the cap")
+            self.guard.note("connections refused at the cap", "concurrency_limited", None)
             return AtCapacity()
         return AgentConnection(self, self.guard, loop=self._loop, **self._kwargs)
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str | None:
+    """The peer's address (no port), for the audit's summary of refusals."""
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 def _first_line(message: str | None) -> str:

@@ -1,7 +1,8 @@
 """The stages of one call, in order. Read this to know what happens to a call.
 
-    receive -> route -> authenticate -> match_policy -> validate -> throttle -> approve
-            -> inject
+    receive -> route -> authenticate -> pause -> match_policy -> count_attempts -> validate
+            -> throttle -> taint_gate -> approve -> inject
+            -> audit the decision (written before anything is forwarded) -> taint_mark
             -> dispatch (live upstream | recorder | replay) -> respond -> audit (observers)
 
 Each check stage either returns or ends the call by raising a ``GatewayError``. Anything else
@@ -20,12 +21,14 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from gateway.approvals import Approvals
 from gateway.audit_record import BodyMac
-from gateway.call import Call, CallObserver, CallProtocol
+from gateway.call import Call, CallObserver, CallProtocol, DecisionLog
+from gateway.check_workers import CheckWorkers
 from gateway.credentials import Credentialing
 from gateway.errors import ClientClosed, GatewayError, GatewayStopping, InternalError
 from gateway.inflight import InFlight
@@ -33,15 +36,18 @@ from gateway.shares import UpstreamShares
 from gateway.stages.approve import Approve
 from gateway.stages.audit import Audit
 from gateway.stages.authenticate import Authenticate, RevocationCheck
+from gateway.stages.count_attempts import CountAttempts
 from gateway.stages.dispatch import Dispatch
 from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
+from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
 from gateway.stages.respond import Respond, refusal
 from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
+from gateway.taint import TaintGate, TaintMark, Taints
 from gateway.telemetry import PHASES, Telemetry
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
@@ -68,6 +74,11 @@ class Services:
     mac: BodyMac
     observers: Sequence[CallObserver]
     upstream_shares: UpstreamShares
+    taints: Taints
+    notify: Callable[[dict[str, Any]], None] | None = None  # the live event stream
+    pause_hold: float = 300.0  # how long a call of a paused agent or run is held
+    check_workers: CheckWorkers | None = None  # heavy payload checks off the event loop
+    decisions: DecisionLog | None = None  # the audit trail: allowed decisions, before forwarding
     telemetry: Telemetry | None = None
 
 
@@ -81,14 +92,19 @@ class Pipeline:
     def __init__(self, services: Services) -> None:
         self.inflight = services.inflight
         self.revocation = RevocationCheck(services.state)
+        # Its ``changed`` is the store's on_pause listener (wired by app.running).
+        self.pause = Pause(services.state, services.inflight, hold=services.pause_hold)
         self.checks: tuple[Stage, ...] = (
             Receive(),
             Route(services.policies, services.protocols),
             Authenticate(services.verifier, self.revocation),
+            self.pause,
             MatchPolicy(),
-            Validate(),
-            Throttle(services.state),
-            Approve(services.approvals, services.inflight),
+            CountAttempts(services.state),
+            Validate(services.check_workers),
+            Throttle(services.state, on_evict=services.notify),
+            TaintGate(services.taints),
+            Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),
         )
         # Stage names, in order, for the phases tracing shows as child spans.
@@ -96,9 +112,12 @@ class Pipeline:
             "receive",
             "route",
             "authenticate",
+            "pause",
             "match_policy",
+            "count_attempts",
             "validate",
             "throttle",
+            "taint_gate",
             "approve",
             "inject",
         )
@@ -110,9 +129,10 @@ class Pipeline:
                 (span, names.index(first), names.index(after)) for span, first, after in PHASES
             )
         self.upstream_shares = services.upstream_shares
+        self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport, telemetry)
         self.respond = Respond(services.mac)
-        self.audit = Audit(services.mac, services.observers)
+        self.audit = Audit(services.mac, services.observers, services.decisions)
 
     async def decide(self, call: Call) -> None:
         """Run every check stage; ``call.error`` says why the call was refused, if it was."""
@@ -151,6 +171,11 @@ class Pipeline:
         task = asyncio.current_task()
         try:
             await self.decide(call)
+            if call.error is None:
+                # The allowed decision is on record before anything is forwarded.
+                pending = self.audit.decided(call)
+                if pending is not None:
+                    await pending
             if call.error is not None:
                 return await self.respond(call)
             self.inflight.add(call, task)
@@ -196,6 +221,9 @@ class Pipeline:
             try:
                 # A revocation that arrived since the token was checked still stops it.
                 self.revocation(call)
+                marking = self.taint_mark(call)  # before untrusted content can come back
+                if marking is not None:
+                    await marking
                 await self.dispatch(call)
             except GatewayError as exc:
                 call.error = exc

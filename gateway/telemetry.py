@@ -159,10 +159,10 @@ _AGENT_LINK = {"capgate.link": "agent"}
 # Phases shown as child spans: (span name, first stage, stage after the last), by the
 # pipeline's stage names; ``Pipeline`` turns them into indices of its marks.
 PHASES = (
-    ("capgate authenticate", "authenticate", "match_policy"),
+    ("capgate authenticate", "authenticate", "match_policy"),  # the pause wait included
     ("capgate match", "match_policy", "validate"),
-    ("capgate checks", "validate", "approve"),
-    ("capgate approval", "approve", "inject"),
+    ("capgate checks", "validate", "taint_gate"),
+    ("capgate approval", "taint_gate", "inject"),
 )
 
 

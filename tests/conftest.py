@@ -19,8 +19,10 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient
 
 from gateway.app import SERVER_OPTIONS, Gateway, build_gateway, create_server, running
+from gateway.audit_trail import call_records
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
+from tests.redis_server import RedisServer, redis_server_available
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_POLICY = ROOT / "tests" / "policies" / "gateway.yaml"
@@ -176,6 +178,20 @@ async def client(serve_gateway: ServeGateway, gateway: Gateway) -> TestClient[An
 
 
 @pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh, empty redis-server on a free port (never the shared one), killed after the
+    test. Skipped only outside CI when the binary is missing; in CI it must be there."""
+    if not redis_server_available() and os.environ.get("CI", "").lower() not in ("true", "1"):
+        pytest.skip("needs a redis-server binary")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
 def token(workspace: Workspace) -> Any:
     def make(agent: str = "tester", roles: list[str] | None = None, **kw: Any) -> str:
         return workspace.token(agent, roles or ["tester"], **kw)
@@ -184,6 +200,7 @@ def token(workspace: Workspace) -> Any:
 
 
 def audit_lines(settings: Settings, gateway: Gateway) -> list[dict[str, Any]]:
+    """The calls in the audit file, one record each (decision and outcome lines joined)."""
     gateway.audit.flush()
     assert settings.audit is not None
-    return [json.loads(line) for line in settings.audit.read_text().splitlines()]
+    return call_records(json.loads(line) for line in settings.audit.read_text().splitlines())

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 import stat
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway.audit_trail import GENESIS, AuditTrail, ChainBreak, read_records, verify
+from gateway.audit_sign import CheckpointSigner, load_verify_keys
+from gateway.audit_trail import (
+    GENESIS,
+    MAX_SUMMARY_KEYS,
+    AuditTrail,
+    ChainBreak,
+    FsyncPolicy,
+    TrailOptions,
+    call_records,
+    read_records,
+    verify,
+)
+from gateway.audit_verify import verify_trail
+from gateway.errors import AuditUnavailable, ConfigError
+from gateway.testing import make_call
 
 
 def write_trail(path: Path, n: int) -> list[bytes]:
@@ -194,3 +212,140 @@ def test_truncating_the_last_line_is_not_detected(tmp_path: Path) -> None:
 def test_missing_file_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         verify(tmp_path / "nope.jsonl")
+
+
+# --- format 2: durability, failure, summaries ------------------------------------------------
+
+
+def _signed(tmp_path: Path, **options: Any) -> AuditTrail:
+    signer = CheckpointSigner.load_or_create(tmp_path / "k.pem")
+    signer.publish(tmp_path / "jwks.json")
+    return AuditTrail(tmp_path / "audit.jsonl", TrailOptions(**options), signer=signer)
+
+
+async def test_fsync_always_is_a_group_commit(tmp_path: Path) -> None:
+    trail = _signed(tmp_path, fsync=FsyncPolicy.parse("always"))
+    trail.open()
+    try:
+        calls = [make_call() for _ in range(64)]
+        waits = []
+        for call in calls:
+            pending = trail.call_decided(call, [{"request_id": call.request_id}])  # type: ignore[list-item]
+            assert pending is not None and call.audit_decided
+            waits.append(pending)
+        await asyncio.gather(*waits)
+        syncs = trail.health()["syncs"]
+        assert 1 <= syncs < 64  # waiters that came together shared a sync
+    finally:
+        trail.close()
+
+
+def test_fsync_settings() -> None:
+    assert str(FsyncPolicy.parse("always")) == "always"
+    assert str(FsyncPolicy.parse("never")) == "never"
+    assert str(FsyncPolicy.parse("250ms")) == "0.25s"
+    with pytest.raises(ValueError):
+        FsyncPolicy.parse("0s")
+
+
+def test_a_line_is_written_to_every_file_or_to_none(tmp_path: Path) -> None:
+    # A mirror that refuses every write (/dev/full: a real ENOSPC): the primary's copy of the
+    # line is cut back, the chain does not advance, the call is refused.
+    trail = _signed(tmp_path, mirror=Path("/dev/full"))
+    with pytest.raises(ConfigError, match="cannot write audit file"):
+        trail.open()  # its start checkpoint cannot be written: the gateway does not start
+    assert not (tmp_path / "audit.jsonl").read_bytes()
+    trail = AuditTrail(tmp_path / "audit.jsonl")
+    trail.open()
+    trail.append({"n": 1})
+    size = (tmp_path / "audit.jsonl").stat().st_size
+    full = os.open("/dev/full", os.O_WRONLY)
+    assert trail._primary is not None
+    trail._mirror = type(trail._primary).__new__(type(trail._primary))
+    trail._mirror.path, trail._mirror.fd, trail._mirror.size = Path("/dev/full"), full, 0
+    with pytest.raises(AuditUnavailable):
+        trail.append({"n": 2})
+    assert (tmp_path / "audit.jsonl").stat().st_size == size
+    assert trail.health()["ok"] is False and "No space" in str(trail.error)
+    trail._mirror = None
+    os.close(full)
+    trail.append({"n": 3})
+    trail.close()
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [x.get("n") for x in lines] == [1, None, 3]
+    assert lines[1]["type"] == "repair" and lines[1]["what"] == "write_failed"
+    assert verify(tmp_path / "audit.jsonl") == (3, None)
+
+
+def test_refusals_are_counted_into_one_summary_with_bounded_sources(tmp_path: Path) -> None:
+    trail = AuditTrail(tmp_path / "audit.jsonl")
+    trail.open()
+    for i in range(MAX_SUMMARY_KEYS + 50):
+        trail.count_refusal("token_missing", f"10.0.{i // 256}.{i % 256}")
+    trail.count_refusal("http_invalid", None)
+    trail.flush()
+    trail.close()
+    [summary] = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    counts = {(c["reason"], c["source"]): c["n"] for c in summary["counts"]}
+    assert len(counts) <= MAX_SUMMARY_KEYS + 2  # and one "other" per reason
+    assert sum(counts.values()) == MAX_SUMMARY_KEYS + 51
+    assert counts[("token_missing", "other")] >= 50
+
+
+def test_rotation_by_size(tmp_path: Path) -> None:
+    trail = _signed(tmp_path, rotate_size=2000)
+    trail.open()
+    for i in range(40):
+        trail.append({"v": 2, "type": "decision", "n": i, "pad": "x" * 40})
+        trail.tick()
+    trail.close()
+    files = sorted(tmp_path.glob("audit.jsonl.*"))
+    rotated = [f for f in files if f.name[len("audit.jsonl.") :][:1].isdigit()]
+    assert len(rotated) >= 2, files  # names within one second get .001, .002, ...
+    assert all(f.stat().st_size < 2000 + 1000 for f in rotated)
+    keys = load_verify_keys(tmp_path / "jwks.json")
+    report = verify_trail([*rotated, tmp_path / "audit.jsonl"], keys)
+    assert report.ok, report.problem
+    decisions = [
+        json.loads(x)["n"]
+        for f in [*rotated, tmp_path / "audit.jsonl"]
+        for x in f.read_text().splitlines()
+        if '"decision"' in x
+    ]
+    assert decisions == list(range(40))
+
+
+def test_call_records_join_decision_and_outcome() -> None:
+    lines = [
+        {"type": "checkpoint"},
+        {"type": "decision", "request_id": "a", "status": None, "decision": "allow"},
+        {"type": "decision", "request_id": "b", "status": 403, "decision": "deny"},
+        {"type": "outcome", "request_id": "a", "status": 200, "duration_ms": 1.5},
+        {"v": 1, "request_id": "old", "status": 200},
+    ]
+    assert call_records(lines) == [
+        {"request_id": "a", "status": 200, "decision": "allow", "duration_ms": 1.5},
+        {"request_id": "b", "status": 403, "decision": "deny"},
+        {"v": 1, "request_id": "old", "status": 200},
+    ]
+
+
+def test_checkpoints_and_rotation_by_time(tmp_path: Path) -> None:
+    trail = _signed(tmp_path, checkpoint_interval=0.05, rotate_interval=0.3)
+    trail.open()
+    trail.tick()  # nothing written since the start checkpoint: no periodic one
+    assert trail.checkpoints == 1
+    trail.append({"v": 2, "type": "decision", "n": 1})
+    time.sleep(0.06)
+    trail.tick()
+    assert trail.latest_checkpoint is not None
+    assert trail.latest_checkpoint["kind"] == "periodic" and trail.checkpoints == 2
+    time.sleep(0.3)
+    trail.tick()  # rotated: a rotate checkpoint closes the old file, a start opens the new
+    trail.append({"v": 2, "type": "decision", "n": 2})
+    trail.close()
+    [old] = tmp_path.glob("audit.jsonl.2*")
+    kinds = [json.loads(x).get("kind") for x in old.read_text().splitlines()]
+    assert kinds == ["start", None, "periodic", "rotate"]
+    keys = load_verify_keys(tmp_path / "jwks.json")
+    assert verify_trail([old, tmp_path / "audit.jsonl"], keys).ok

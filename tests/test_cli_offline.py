@@ -355,6 +355,8 @@ def test_explain_with_a_bad_policy_exits_2_with_positions(
 
 
 def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trail of format 1 (no signed checkpoints): its chain verifies, but its tail cannot be
+    # proven, so it passes only with --open-tail, and says what was not verified.
     path = tmp_path / "audit.jsonl"
     trail = AuditTrail(path)
     trail.open()
@@ -362,15 +364,22 @@ def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         trail.append({"n": i})
     trail.close()
     code, out, _ = run(capsys, "audit", "verify", str(path))
-    assert code == 0 and out.strip() == f"{path}: ok, 4 lines, hash chain intact"
+    assert code == 1 and "does not end with a shutdown checkpoint" in out
+    code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail")
+    assert code == 0
+    assert (
+        out.splitlines()[0]
+        == f"{path}: ok, 4 lines, 0 signed checkpoints (keys: none), hash chain intact"
+    )
+    assert "not verified: the tail is open (no checkpoint at all)" in out
     lines = path.read_bytes().splitlines()
     lines[1], lines[2] = lines[2], lines[1]
     path.write_bytes(b"\n".join(lines) + b"\n")
-    code, out, _ = run(capsys, "audit", "verify", str(path))
+    code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail")
     assert code == 1
-    assert out.strip() == (
-        f"{path}:2: hash chain broken: 'prev' does not match the line before "
-        "(1 lines verified before it)"
+    assert out.splitlines()[0] == (
+        f"{path}:2: hash chain broken: 'prev' does not match the line before (that line was "
+        "changed, or lines were removed, inserted or reordered here) (1 lines verified before it)"
     )
 
 
@@ -451,6 +460,89 @@ def test_keys_generate_into_a_file_path(tmp_path: Path, capsys: pytest.CaptureFi
     usage_error(
         capsys, "keys", "generate", "--dir", str(blocker / "keys"), contains="cannot write keys"
     )
+
+
+def _query_trail(tmp_path: Path) -> Path:
+    """A signed trail: agent-7 reads /db/query twice (one allowed with its outcome, one
+    denied), another agent once, agent-7 a metric once."""
+    from gateway.audit_sign import CheckpointSigner
+    from gateway.audit_trail import TrailOptions
+
+    path = tmp_path / "audit.jsonl"
+    signer = CheckpointSigner.load_or_create(tmp_path / "audit.jsonl.signing.pem")
+    signer.publish(tmp_path / "audit.jsonl.jwks.json")
+    trail = AuditTrail(path, TrailOptions(gateway_id="gw"), signer=signer)
+    trail.open()
+
+    def decision(n: int, agent: str, path: str, status: int | None, t: str) -> dict[str, Any]:
+        allowed = status is None or status < 400
+        return {
+            "v": 2,
+            "type": "decision",
+            "time": f"2026-12-01T{t}.000Z",
+            "request_id": f"r{n}",
+            "agent": agent,
+            "run": "run-1",
+            "upstream": path.split("/")[1],
+            "method": "POST",
+            "path": path,
+            "rule": "query-orders" if allowed else None,
+            "decision": "allow" if allowed else "deny",
+            "reason": "allowed" if allowed else "sql_denied",
+            "status": status,
+            "duration_ms": 1.0,
+        }
+
+    trail.append(decision(1, "agent-7", "/db/query", None, "09:10:00"))
+    trail.append(
+        {"v": 2, "type": "outcome", "request_id": "r1", "agent": "agent-7", "decision": "allow",
+         "reason": "allowed", "status": 200, "duration_ms": 3.0}
+    )  # fmt: skip
+    trail.append(decision(2, "agent-7", "/db/query", 403, "09:20:00"))
+    trail.append(decision(3, "agent-8", "/db/query", 403, "09:30:00"))
+    trail.append(decision(4, "agent-7", "/metrics/cpu", 403, "09:40:00"))
+    trail.append(decision(5, "agent-7", "/db/query", 403, "11:00:00"))
+    trail.close()
+    return path
+
+
+def test_audit_query_answers_with_the_calls_and_what_was_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _query_trail(tmp_path)
+    argv = ["audit", "query", str(path), "--agent", "agent-7", "--path-prefix", "/db/"]
+    window = ["--since", "2026-12-01T09:00Z", "--until", "2026-12-01T10:00:00+00:00"]
+    code, out, _ = run(capsys, *argv, *window, "--format", "json")
+    assert code == 0
+    answer = json.loads(out)
+    assert [(m["request_id"], m["status"]) for m in answer["matches"]] == [("r1", 200), ("r2", 403)]
+    verified = answer["verification"]
+    assert verified["verified"] is True and verified["checkpoints"] == 2
+    assert verified["files"] == [str(path)] and len(verified["signing_keys"]) == 1
+    assert any("no anchor given" in n for n in verified["not_verified"])
+    code, out, _ = run(capsys, *argv, *window, "--decision", "deny")
+    assert code == 0
+    table = out.splitlines()
+    assert table[0].split()[:4] == ["time", "agent", "run", "decision"]
+    assert len([x for x in table if " r2" in x]) == 1 and not [x for x in table if " r1" in x]
+    assert "1 matching call(s) in 8 lines of 1 file(s); trail verified; 2 signed" in out
+    # A tampered trail: the matches are still shown, the verdict says it, exit 1.
+    lines = path.read_bytes().splitlines()
+    lines[3] = lines[3].replace(b"agent-7", b"agent-6")
+    path.write_bytes(b"".join(x + b"\n" for x in lines))
+    code, out, _ = run(capsys, *argv, "--format", "json")
+    assert code == 1 and json.loads(out)["verification"]["problem"].startswith(f"{path}:5:")
+
+
+def test_audit_query_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _query_trail(tmp_path)
+    usage_error(capsys, "audit", "query", str(path), "--since", "yesterday", contains="--since")
+    usage_error(capsys, "audit", "query", str(tmp_path / "nope.jsonl"), contains="No such file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    usage_error(capsys, "audit", "verify", str(path), "--jwks", str(bad), contains="JWKS")
 
 
 def test_audit_verify_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,6 +70,11 @@ def test_unrelated_environment_is_ignored() -> None:
     assert s.port == 8787
 
 
+def test_pause_hold_defaults_to_five_minutes() -> None:
+    assert load_settings(REQUIRED, {}).pause_hold == 300.0
+    assert load_settings({**REQUIRED, "pause_hold": "90s"}, {}).pause_hold == 90.0
+
+
 @pytest.mark.parametrize(
     "env,value,expected",
     [
@@ -90,6 +95,8 @@ def test_unrelated_environment_is_ignored() -> None:
         ("CAPGATE_LEEWAY", "soon", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_LIFETIME", "0s", "positive"),
         ("CAPGATE_RELOAD_INTERVAL", "0", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "0s", "positive"),
+        ("CAPGATE_PAUSE_HOLD", "forever", "expected a duration"),
         ("CAPGATE_MAX_TOKEN_SIZE", "big", "expected a size"),
         ("CAPGATE_ISSUERS", " , ", "at least one"),
         ("CAPGATE_HOST", "", "non-empty"),
@@ -246,8 +253,11 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "traces": "console",
         "admin_port": "8788",
         "admin_token_file": "admin.token",
+        "operators_file": "operators.yaml",
         "approval_timeout": "90s",
         "approvals_per_agent": "3",
+        "approval_webhook": "http://127.0.0.1:9/hook",
+        "pause_hold": "45s",
         "max_connections": "100",
         "head_timeout": "5s",
         "idle_timeout": "30s",
@@ -263,6 +273,16 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "otlp_headers": "api-key=k",
         "service_name": "sidecar-7",
         "metrics_interval": "15s",
+        "audit_fsync": "always",
+        "audit_mirror": "/mnt/keep/a.jsonl",
+        "audit_signing_key": "sig.pem",
+        "audit_jwks": "audit.jwks.json",
+        "audit_anchor": "file:/mnt/anchor/a",
+        "audit_checkpoint_lines": "50",
+        "audit_checkpoint_interval": "3s",
+        "audit_rotate_size": "10MB",
+        "audit_rotate_interval": "1h",
+        "audit_gateway_id": "gw-1",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
@@ -273,11 +293,21 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
+    assert s.pause_hold == 45.0
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
     assert (s.traces_exporter, s.metrics_exporter) == ("otlp", ("otlp",))
     assert s.otlp_headers.pairs == (("api-key", "k"),) and s.service_name == "sidecar-7"
     assert s.metrics_interval == 15
+    assert s.audit_fsync.always and s.audit_mirror == Path("/mnt/keep/a.jsonl")
+    assert (s.audit_signing_key, s.audit_jwks) == (Path("sig.pem"), Path("audit.jwks.json"))
+    assert s.audit_anchor is not None and (s.audit_anchor.kind, s.audit_anchor.target) == (
+        "file",
+        "/mnt/anchor/a",
+    )
+    assert (s.audit_checkpoint_lines, s.audit_checkpoint_interval) == (50, 3.0)
+    assert (s.audit_rotate_size, s.audit_rotate_interval) == (10_000_000, 3600.0)
+    assert s.audit_gateway_id == "gw-1"
 
 
 def test_an_overridden_value_is_never_parsed(tmp_path: Path) -> None:
@@ -306,7 +336,7 @@ def test_recording_settings() -> None:
 def test_admin_port_needs_a_token_file() -> None:
     with pytest.raises(ConfigError) as err:
         load_settings({**REQUIRED, "admin_port": "8788"}, {})
-    assert "admin_token_file" in str(err.value)
+    assert "--operators" in str(err.value) and "--admin-token-file" in str(err.value)
 
 
 def test_otel_variables_sit_between_the_file_and_capgate_variables(tmp_path: Path) -> None:
@@ -345,3 +375,21 @@ def test_otlp_headers_are_masked_and_never_a_flag() -> None:
     with pytest.raises(ConfigError) as err:
         load_settings(REQUIRED, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue-s3cret"})
     assert "s3cret" not in str(err.value) and "(masked)" in str(err.value)
+
+
+def test_audit_settings_precedence_and_errors(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "audit_fsync: never\naudit_anchor: file:/from/file\n")
+    s = load_settings(REQUIRED, {"CAPGATE_AUDIT_FSYNC": "250ms"}, cfg)
+    assert str(s.audit_fsync) == "0.25s" and s.audit_anchor is not None
+    assert s.audit_anchor.target == "/from/file"
+    s = load_settings({**REQUIRED, "audit_fsync": "always"}, {"CAPGATE_AUDIT_FSYNC": "2s"}, cfg)
+    assert str(s.audit_fsync) == "always"
+    assert str(load_settings(REQUIRED, {}).audit_fsync) == "1s"
+    with pytest.raises(ConfigError, match="--audit-fsync has value 'sometimes'"):
+        load_settings({**REQUIRED, "audit_fsync": "sometimes"}, {})
+    with pytest.raises(ConfigError, match="'redis' needs a redis:// state URL"):
+        load_settings({**REQUIRED, "audit_anchor": "redis"}, {})
+    s = load_settings({**REQUIRED, "audit_anchor": "redis", "state": "redis://h:6379/0"}, {})
+    assert s.audit_anchor is not None and s.audit_anchor.target == "redis://h:6379/0"
+    with pytest.raises(ConfigError, match="expected file:PATH, exec:COMMAND"):
+        load_settings({**REQUIRED, "audit_anchor": "ftp://x"}, {})

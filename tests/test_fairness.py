@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 from collections import Counter
 from pathlib import Path
@@ -114,21 +115,21 @@ async def test_one_agents_full_approval_share_does_not_refuse_another(
     a, b = auth(workspace, "agent-a"), auth(workspace, "agent-b")
     held = [asyncio.create_task(client.get("/up/slow?delay=0", headers=a)) for _ in range(3)]
     for _ in range(100):
-        if len(approvals.pending()) == 3:
+        if len(await approvals.pending()) == 3:
             break
         await asyncio.sleep(0.02)
     refused = await client.get("/up/slow?delay=0", headers=a)  # a's fourth: over its share
     assert await outcome(refused) == "429 concurrency_limited"
     b_call = asyncio.create_task(client.get("/up/slow?delay=0", headers=b))
     for _ in range(100):
-        mine = [p for p in approvals.pending() if p["agent"] == "agent-b"]
+        mine = [p for p in await approvals.pending() if p["agent"] == "agent-b"]
         if mine:
             break
         await asyncio.sleep(0.02)
-    assert approvals.decide(mine[0]["id"], True, by="operator")
+    assert await approvals.decide(mine[0]["id"], True, by="operator") == "decided"
     assert await outcome(await b_call) == "200"
-    for pending in approvals.pending():
-        approvals.decide(pending["id"], False, by="operator")
+    for pending in await approvals.pending():
+        await approvals.decide(pending["id"], False, by="operator")
     assert {await outcome(await t) for t in held} == {"403 approval_denied"}
 
 
@@ -180,3 +181,70 @@ async def test_a_connection_flood_meets_the_cap_and_leaves_open_connections_serv
     finally:
         for w in [writer, *flood]:
             w.close()
+
+
+def sql_policy(url: str) -> str:
+    return (
+        "version: 1\n"
+        "upstreams:\n"
+        f'  up: {{url: "{url}", timeouts: {{connect: 1s, read: 10s, total: 20s}}}}\n'
+        'agents:\n  "agent-*": [r]\n'
+        "roles:\n  r:\n    rules:\n"
+        "      - id: query\n        upstream: up\n        allow: POST /ok\n"
+        "        attempts: none\n"
+        "        sql: {field: sql, dialect: postgres, server_version: 15, tables: [orders],\n"
+        "              schema: {orders: [id, status, total_cents]}}\n"
+        "      - {id: ok, upstream: up, allow: GET /ok}\n"
+    )
+
+
+def heavy_sql(n: int) -> str:
+    """A new ~10 KB statement for each n (uncached: ~20 ms to check alone)."""
+    terms = " OR ".join(f"(total_cents > {n * 1000 + i} AND status = 's{i}')" for i in range(230))
+    return f"SELECT id, status FROM orders WHERE {terms}"
+
+
+async def test_one_agents_heavy_sql_flood_leaves_another_agents_calls_fast(
+    serve_gateway: Any, workspace: Workspace, tmp_path: Path, chaos: ChaosUpstream
+) -> None:
+    """One agent sends 40 never-seen ~10 KB statements at once. Their checks run in the
+    check workers, at most its share (one) at a time; those that cannot get a worker within
+    the wait are refused concurrency_limited. Meanwhile another agent's small calls are
+    answered promptly: the event loop is never held for a whole heavy check, let alone for a
+    queue of them (inline, each of b's calls waited behind every check queued before it)."""
+    client = await gateway(serve_gateway, workspace, tmp_path, sql_policy(chaos.url))
+    a, b = auth(workspace, "agent-a"), auth(workspace, "agent-b")
+    assert len(heavy_sql(0)) > 9_000
+    workers = client.gw.check_workers
+    loop = asyncio.get_running_loop()
+
+    async def heavy(n: int) -> str:
+        return await outcome(await client.post("/up/ok", json={"sql": heavy_sql(n)}, headers=a))
+
+    # As `capgate serve` does after start-up: what exists now is never scanned again, so a
+    # full collection (which holds every thread) walks only what the calls allocate.
+    gc.collect()
+    gc.freeze()
+    try:
+        flood = [asyncio.create_task(heavy(n)) for n in range(40)]
+        for _ in range(400):  # until agent a holds its whole share of the workers
+            if workers.snapshot()["agents_at_share"] == ["agent-a"]:
+                break
+            await asyncio.sleep(0.005)
+        assert workers.shares.held_by("agent-a") == 1  # its share, never more
+        latencies = []
+        for _ in range(10):
+            started = loop.time()
+            assert await outcome(await client.get("/up/ok", headers=b)) == "200"
+            latencies.append(loop.time() - started)
+            assert workers.shares.held_by("agent-a") <= 1
+        still_running = sum(not t.done() for t in flood)
+        results = Counter(await asyncio.gather(*flood))
+    finally:
+        gc.unfreeze()
+    assert still_running > 0  # b's calls were answered while a's flood was being checked
+    # A few interpreter turns at most (~40 ms alone; the bound leaves room for a busy box).
+    assert max(latencies) < 0.25, latencies
+    assert set(results) <= {"200", "429 concurrency_limited", "403 sql_too_complex"}
+    assert results["200"] >= 2
+    assert workers.shares.in_use == 0  # every worker given back

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from gateway.app import build_gateway
+from gateway.audit_trail import call_records
 from gateway.config import load_settings
 from mocks.chaos import ChaosUpstream, down_url
 from mocks.demo import Workspace
@@ -61,7 +62,8 @@ async def gateway_to(serve_gateway: Any, workspace: Workspace, tmp_path: Path) -
 
 def last_audit(client: Any) -> dict[str, Any]:
     client.gw.audit.flush()
-    return json.loads(client.audit_path.read_text().splitlines()[-1])
+    lines = client.audit_path.read_text().splitlines()
+    return call_records(json.loads(x) for x in lines)[-1]
 
 
 async def settled(chaos: ChaosUpstream, client: Any) -> None:

@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from gateway.admin import create_admin_app, read_admin_token
+from gateway.admin import create_admin_app
 from gateway.app import Gateway, build_gateway
 from gateway.config import Settings, load_settings
 from gateway.telemetry import OTHER, Plan, Telemetry, parse_traceparent, plan, traceparent
@@ -218,7 +218,8 @@ async def test_the_approval_wait_is_a_child_span(
     telemetry, exporter, reader = memory
     gw = with_telemetry(build_gateway(s, workspace.environ()), telemetry)
     client = await serve_gateway(gw)
-    admin = await aiohttp_client(create_admin_app(gw.approvals, read_admin_token(token_file)))
+    assert gw.operators is not None
+    admin = await aiohttp_client(create_admin_app(gw, gw.operators))
     tok = workspace.token("sre-bot", ["sre-diagnostics"])
     call = asyncio.ensure_future(
         client.post(
@@ -321,10 +322,9 @@ async def test_prometheus_endpoint_serves_the_metrics(
     tok = workspace.token("sre-bot", ["sre-diagnostics"])
     auth = {"Authorization": f"Bearer {tok}"}
     assert (await client.get("/metrics/metrics/cpu?window=5m", headers=auth)).status == 200
+    assert gw.operators is not None
     admin = await aiohttp_client(
-        create_admin_app(
-            gw.approvals, read_admin_token(token_file), metrics=gw.telemetry.prometheus_text
-        )
+        create_admin_app(gw, gw.operators, metrics=gw.telemetry.prometheus_text)
     )
     assert (await admin.get("/metrics")).status == 401  # the admin token, like the rest
     resp = await admin.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})

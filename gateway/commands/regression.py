@@ -44,6 +44,8 @@ NOT_POLICY_REASONS = frozenset(
         "token_revoked",
         "rate_limited",
         "quota_exhausted",
+        "attempts_limited",
+        "concurrency_limited",
         "approval_denied",
         "approval_timeout",
         "state_unavailable",

@@ -19,6 +19,7 @@ from gateway.policy import spec
 from gateway.policy.agents import AgentDirectory, AgentsRead, read_agents
 from gateway.policy.model import (
     MCP_METHODS,
+    MCP_PATIENCE,
     MCP_SUBJECTS,
     METHODS,
     Constraint,
@@ -167,7 +168,10 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
             if "per_agent" in lim:
                 per_agent = lim["per_agent"].as_int(minimum=1, maximum=concurrency)
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
-    batches, tool_refusals = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error")
+    batches, tool_refusals, patience = (
+        _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error", MCP_PATIENCE)
+    )
+    untrusted = _untrusted(m)
     if url is None or kind is None or creds is None:
         return None
     return Upstream(
@@ -184,12 +188,49 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         credentials=creds,
         mcp_batches=batches,
         mcp_tool_refusals=tool_refusals,
+        mcp_approval_patience=patience,
+        untrusted=untrusted,
     )
 
 
-def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
-    """An MCP upstream's ``mcp: {batches, tool_refusals}``."""
-    batches, tool_refusals = False, "error"
+def _untrusted(m: dict[str, Node]) -> bool:
+    """``trust: untrusted`` (an upstream's or a rule's)."""
+    return "trust" in m and m["trust"].as_choice(("trusted", "untrusted")) == "untrusted"
+
+
+class _Exposure(NamedTuple):
+    """How a rule stands to prompt injection: it reads untrusted content, or it acts."""
+
+    untrusted: bool
+    sensitive: bool
+    when_tainted: str
+    evict_after: int | None
+
+
+def _rule_exposure(m: dict[str, Node]) -> _Exposure:
+    """``trust``, ``sensitive``, ``when_tainted``; when_tainted only beside sensitive: true."""
+    sensitive = bool(m["sensitive"].as_bool()) if "sensitive" in m else False
+    when = "approve"
+    if "when_tainted" in m:
+        when = m["when_tainted"].as_choice(("approve", "deny")) or "approve"
+        if not sensitive:
+            m["when_tainted"].fail(
+                f"{m['when_tainted'].where}: when_tainted applies to sensitive rules only "
+                "(add 'sensitive: true')"
+            )
+    evict = None
+    if "evict_after" in m:
+        evict = m["evict_after"].as_int(minimum=1, maximum=1_000_000)
+        if "rate" not in m and "quota" not in m:
+            m["evict_after"].fail(
+                f"{m['evict_after'].where}: evict_after needs the rule's own rate or quota"
+            )
+    return _Exposure(_untrusted(m), sensitive, when, evict)
+
+
+def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str, float]:
+    """An MCP upstream's ``mcp: {batches, tool_refusals, approval_patience}``."""
+    batches, tool_refusals, patience = False, "error", MCP_PATIENCE
     if kind != "mcp":
         node.fail(f"upstreams.{name}.mcp: only for an upstream of kind mcp")
     opts = node.as_map(optional=spec.MCP_OPTIONS.optional)
@@ -197,7 +238,8 @@ def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str]:
         batches = bool(opts["batches"].as_bool()) if "batches" in opts else False
         if "tool_refusals" in opts:
             tool_refusals = opts["tool_refusals"].as_choice(("error", "result")) or "error"
-    return batches, tool_refusals
+        patience = _positive(opts, "approval_patience", patience, "as_duration")
+    return batches, tool_refusals, patience
 
 
 def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:
@@ -296,6 +338,7 @@ class _Behaviour(NamedTuple):
     approval: bool
     rate: Any
     quota: int | None
+    attempts: Any
     volatile: tuple[str, ...]
     repeat_last: bool
     on_state_error: str | None
@@ -322,6 +365,7 @@ def _rule(
     headers = _header_constraints(m["headers"]) if "headers" in m else {}
     mcp = _mcp_subject(m, upstream, upstreams)
     how = _rule_behaviour(m)
+    exposure = _rule_exposure(m)
     if mcp.method == "elicitation/create" and "approval" not in m:
         m["method"].fail(
             f"{m['method'].where}: answers to elicitation/create put words in the agent's "
@@ -354,9 +398,14 @@ def _rule(
         approval=how.approval,
         rate=how.rate,
         quota=how.quota,
+        attempts=_attempts(m, how.attempts, checks),
         volatile=how.volatile,
         replay_repeat_last=how.repeat_last,
         on_state_error=how.on_state_error or "deny",
+        untrusted=exposure.untrusted,
+        sensitive=exposure.sensitive,
+        when_tainted=exposure.when_tainted,
+        evict_after=exposure.evict_after,
         line=node.line,
     )
 
@@ -512,6 +561,9 @@ def _rule_behaviour(m: dict[str, Node]) -> _Behaviour:
         approval = m["approval"].as_choice(("required", "none")) == "required"
     rate = _rate(m["rate"]) if "rate" in m else None
     quota = m["quota"].as_int(minimum=1) if "quota" in m else None
+    attempts: Any = None
+    if "attempts" in m:
+        attempts = "none" if m["attempts"].value == "none" else _rate(m["attempts"])
     volatile = _volatile(m["volatile"]) if "volatile" in m else ()
     repeat_last = False
     if "replay" in m:
@@ -521,7 +573,21 @@ def _rule_behaviour(m: dict[str, Node]) -> _Behaviour:
     on_state_error = (
         m["on_state_error"].as_choice(("deny", "allow")) if "on_state_error" in m else "deny"
     )
-    return _Behaviour(approval, rate, quota, volatile, repeat_last, on_state_error)
+    return _Behaviour(approval, rate, quota, attempts, volatile, repeat_last, on_state_error)
+
+
+def _attempts(m: dict[str, Node], stated: Any, checks: tuple[PayloadCheck, ...]) -> Any:
+    """The rule's attempt rate: as stated (``none``: no limit), else the SQL default when the
+    rule checks SQL (its checks are what attempts bound), else none."""
+    if stated == "none":
+        return None
+    if stated is not None or "attempts" in m:
+        return stated
+    if any(getattr(check, "kind", None) == "sql" for check in checks):
+        from gateway.rates import parse_rate
+
+        return parse_rate(spec.DEFAULT_SQL_ATTEMPTS)
+    return None
 
 
 def _payload_checks(m: dict[str, Node], context: CheckContext) -> tuple[PayloadCheck, ...]:

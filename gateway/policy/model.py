@@ -25,6 +25,7 @@ from gateway.target import Target
 if TYPE_CHECKING:
     from gateway.payload import PayloadCheck
 
+MCP_PATIENCE = 25.0  # seconds a held MCP tools/call waits before approval_pending
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -55,6 +56,9 @@ class Upstream:
     per_agent: int = 16  # ... and from one agent
     mcp_batches: bool = False  # MCP: the server takes JSON-RPC batches
     mcp_tool_refusals: str = "error"  # MCP: a refused tools/call is a JSON-RPC error | result
+    # MCP: how long a held tools/call waits before it is answered approval_pending
+    mcp_approval_patience: float = MCP_PATIENCE
+    untrusted: bool = False  # trust: untrusted: what it returns was written by third parties
 
     @property
     def base_path(self) -> str:
@@ -223,9 +227,14 @@ class Rule:
     approval: bool = False
     rate: Any = None  # limits.Rate
     quota: int | None = None  # calls per run for this rule
+    attempts: Any = None  # limits.Rate: attempts per agent, counted before Validate
     volatile: tuple[str, ...] = ()  # fields that do not count when matching recordings
     replay_repeat_last: bool = False  # replay: answer repeats with the last recording
     on_state_error: str = "deny"  # deny | allow
+    untrusted: bool = False  # trust: untrusted: this call returns third parties' content
+    sensitive: bool = False  # sensitive: true: a side effect or a way out of the sandbox
+    when_tainted: str = "approve"  # a sensitive call of a tainted run: approve | deny
+    evict_after: int | None = None  # stop the run at this many rate/quota refusals of it
     line: int = 0  # where the rule starts in the policy file
 
     def describe(self) -> str:

@@ -38,6 +38,10 @@ RATE: JSON = {
     "pattern": r"^\s*[0-9]+\s*/\s*[A-Za-z]+(\s+burst\s+[0-9]+)?\s*$",
 }
 TEXT: JSON = {"type": "string"}
+DEFAULT_SQL_ATTEMPTS = "300/minute burst 60"
+"""The attempt rate of a rule with ``sql:`` that states none: 5 checks a second per agent on
+average, 60 back to back, far above what an agent composing queries sends, and a bound on
+what one agent's checks can cost (an uncached 10 KB statement takes milliseconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,15 @@ MCP_OPTIONS = Section(
             "result with isError, which the model reads",
             {"enum": ["error", "result"]},
         ),
+        Key(
+            "approval_patience",
+            "how long a tools/call held for approval waits for the decision before it is "
+            "answered (default 25s, below the usual MCP clients' timeouts): a tool result "
+            "with isError saying it awaits approval, with the approval's id; the approval "
+            "stays pending, and the same call sent again (same tool and arguments) attaches "
+            "to it and runs once approved",
+            DURATION,
+        ),
     ),
 )
 UPSTREAM = Section(
@@ -165,6 +178,13 @@ UPSTREAM = Section(
         Key("limits", LIMITS.description, LIMITS.schema()),
         Key("credentials", CREDENTIALS.description, CREDENTIALS.schema()),
         Key("mcp", MCP_OPTIONS.description, MCP_OPTIONS.schema()),
+        Key(
+            "trust",
+            "untrusted: what it returns can be written by third parties (web pages, mail, "
+            "documents, chat); a run that calls it is tainted, and its sensitive calls then "
+            "need approval. Default: trusted",
+            {"enum": ["trusted", "untrusted"]},
+        ),
         Key("description", "for people", TEXT),
     ),
 )
@@ -249,6 +269,12 @@ RULE = Section(
         Key("rate", "the rule's rate per agent", RATE),
         Key("quota", "calls per run to this rule", {"type": "integer", "minimum": 1}),
         Key(
+            "attempts",
+            "the rule's attempts per agent, counted before its payload is checked (allowed or "
+            "not): a rate, or none; SQL rules default to " + DEFAULT_SQL_ATTEMPTS,
+            {"anyOf": [RATE, {"enum": ["none"]}]},
+        ),
+        Key(
             "volatile",
             "fields recordings match loosely: /json/pointer, query:name or body",
             {"type": "array", "items": TEXT},
@@ -258,6 +284,32 @@ RULE = Section(
             "on_state_error",
             "when the state store is down: deny (default) or allow",
             {"enum": ["deny", "allow"]},
+        ),
+        Key(
+            "trust",
+            "untrusted: what this call returns can be written by third parties (web pages, mail, "
+            "documents, chat); a run that makes it is tainted, and its sensitive calls then "
+            "need approval. Default: trusted",
+            {"enum": ["trusted", "untrusted"]},
+        ),
+        Key(
+            "sensitive",
+            "true: a side effect or a way out (sending mail or money, writing data, sharing, "
+            "changing credentials, fetching any URL, messaging anyone); once the run is "
+            "tainted by an untrusted read, each such call needs approval (or is refused)",
+            {"type": "boolean"},
+        ),
+        Key(
+            "evict_after",
+            "throttle, then evict: when this rule's rate or quota has refused a run this many "
+            "times (1: the first time it is exhausted), the run is stopped (revoked), as by an "
+            "operator's stop",
+            {"type": "integer", "minimum": 1, "maximum": 1000000},
+        ),
+        Key(
+            "when_tainted",
+            "a sensitive call of a tainted run: approve (held for a person, default) or deny",
+            {"enum": ["approve", "deny"]},
         ),
     ),
 )

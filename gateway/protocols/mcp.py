@@ -33,6 +33,7 @@ error body.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.call import Operation, Refusal, Rewriter
 from gateway.errors import (
+    ApprovalPending,
     BadRequest,
     BodyInvalid,
     GatewayError,
@@ -451,6 +453,8 @@ def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
     data = err.problem(call.request_id)
     text = f"capgate: {err.reason.value}: {err.detail}"
     as_result = call.upstream is not None and call.upstream.mcp_tool_refusals == "result"
+    # A call held past the client's patience is answered, not refused: the model reads it.
+    as_result = as_result or isinstance(err, ApprovalPending)
     refused: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": True}
     if call.headers.get("Mcp-Protocol-Version", "") >= TAGGED_RESULTS_VERSION:
         refused["resultType"] = "complete"
@@ -472,6 +476,37 @@ def jsonrpc_error_body(call: Call, err: GatewayError) -> bytes | None:
         return None
     payload: Any = answers if request.batch else answers[0]
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def approval_key(call: Call) -> str | None:
+    """What makes a held ``tools/call`` the same call when the client sends it again: the
+    agent, run, upstream, target and policy, and the message but for its JSON-RPC id and
+    progress token (each request has its own). None when the POST is not one tools/call."""
+    request = _inspection(call)
+    if request is None or request.batch or not isinstance(request.value, dict):
+        return None
+    msg = request.messages[0]
+    if msg.method != "tools/call" or not msg.is_request:
+        return None
+    assert call.claims is not None and call.upstream is not None and call.policy is not None
+    value = {k: v for k, v in request.value.items() if k != "id"}
+    params = dict(msg.params)
+    meta = params.pop("_meta", None)
+    if isinstance(meta, dict):
+        meta = {k: v for k, v in meta.items() if k != "progressToken"}
+    if meta:
+        params["_meta"] = meta
+    value["params"] = params
+    same = [
+        call.claims.agent,
+        call.claims.run,
+        call.upstream.name,
+        call.raw_target,
+        call.policy.digest,
+        value,
+    ]
+    text = json.dumps(same, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def listing_ids(call: Call) -> dict[Any, str]:

@@ -1,41 +1,110 @@
-"""approve: hold a call whose rules require approval until a person decides."""
+"""approve: hold a call whose rules require approval until a person decides.
+
+What is held is the call as it will be forwarded (its body was read and checked before), so
+the approval binds to it (``gateway/approvals.py``). An approval given under a policy that
+is no longer in force when the decision arrives is refused (``approval_stale``): the person
+approved the call as the old policy judged it.
+
+MCP clients give up on a silent call after a few minutes: a held ``tools/call`` is answered
+past its upstream's ``mcp: {approval_patience}`` (``approval_pending``, a tool result the
+model reads, with the approval's id). Its approval stays pending; the same call sent again
+(``protocols/mcp.approval_key``: same agent, run, upstream, tool and arguments, whatever its
+JSON-RPC id) attaches to it, and runs once approved, once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
 
-from gateway.approvals import Approvals
+from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
+from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalStale
 from gateway.inflight import InFlight
+from gateway.protocols.mcp import approval_key
+from gateway.stages.route import PolicySource
 
 
 class Approve:
-    def __init__(self, approvals: Approvals, inflight: InFlight) -> None:
+    def __init__(self, approvals: Approvals, inflight: InFlight, policies: PolicySource) -> None:
         self.approvals = approvals
         self.inflight = inflight
+        self.policies = policies
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
+        if call.taint is not None:
+            return self._hold(call)
         for op in call.operations:
             if op.governed and op.match is not None and op.match.rule.approval:
                 return self._hold(call)
         return None
 
     async def _hold(self, call: Call) -> None:
-        assert call.claims is not None and call.target is not None
+        assert call.claims is not None and call.target is not None and call.policy is not None
         held = [
             op.match.rule.id
             for op in call.operations
-            if op.governed and op.match is not None and op.match.rule.approval
+            if op.governed
+            and op.match is not None
+            and (op.match.rule.approval or (call.taint and op.match.rule.sensitive))
         ]
         call.held = True
+        rules = ", ".join(dict.fromkeys(held))
+        why = call.taint or f"rule {rules} requires approval"
+        judged_by = call.policy.digest
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
-        call.approval = await self.approvals.hold(
-            agent=call.claims.agent,
-            run=call.claims.run,
-            rule=", ".join(dict.fromkeys(held)),
-            method=call.method,
-            target=call.raw_target.partition("?")[0],
-            body=call.body,
+        try:
+            call.approval, decision = await self._held(call, rules, why, judged_by)
+        except ApprovalDenied as exc:
+            call.operator = exc.operator
+            raise
+        except ApprovalPending as exc:
+            call.approval = exc.approval  # still pending: the audit line names it
+            raise
+        except asyncio.CancelledError:
+            # Revoked or cut while it waited: its approval ends with it. (An agent that hung
+            # up leaves it pending: its retry attaches to it.)
+            key = self._key(call)
+            if call.revoked is not None and key is not None:
+                self.approvals.withdraw(key)
+            raise
+        call.operator = decision.by
+        if self.policies.policy.digest != judged_by:
+            raise ApprovalStale(
+                f"approval {call.approval} was given under policy {judged_by}, but policy "
+                f"{self.policies.policy.digest} is in force now; the call was not forwarded: "
+                "send it again to have it checked and held under the policy in force",
+                rule=call.match.rule.id if call.match is not None else None,
+            )
+
+    @staticmethod
+    def _key(call: Call) -> str | None:
+        """What a held MCP tools/call sent again must match to attach to its approval."""
+        if call.upstream is None or call.upstream.kind != "mcp":
+            return None
+        return approval_key(call)
+
+    def _held(
+        self, call: Call, rules: str, why: str, judged_by: str
+    ) -> Awaitable[tuple[str, Decision]]:
+        assert call.claims is not None and call.upstream is not None
+        key = self._key(call)
+        # An MCP client gives up on a silent call: answered past the upstream's patience, the
+        # approval stays pending for the same call sent again.
+        patience = call.upstream.mcp_approval_patience if key is not None else None
+        return self.approvals.hold(
+            HeldCall(
+                agent=call.claims.agent,
+                run=call.claims.run,
+                rule=rules,
+                why=why,
+                method=call.method,
+                target=call.raw_target,
+                body=call.body,
+                tools=tuple(call.tools),
+                policy=judged_by,
+            ),
+            key=key,
+            patience=patience,
         )

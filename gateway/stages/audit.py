@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from gateway.audit_record import (
     AUDIT_RECORD_VERSION,
@@ -20,7 +20,8 @@ from gateway.audit_record import (
     names,
     timestamp,
 )
-from gateway.call import Call, CallObserver
+from gateway.call import Call, CallObserver, DecisionLog
+from gateway.errors import GatewayError
 from gateway.policy.model import METHODS
 
 log = logging.getLogger("capgate")
@@ -57,7 +58,10 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     if target is not None and target.query_pairs:
         record["query"] = names(mac, [name for name, _ in target.query_pairs])
     if call.body is not None:
-        record["request_body"] = mac.of(call.body)
+        digest = call.request_digest
+        if digest is None:  # once per call: the decision line and the ended call share it
+            digest = call.request_digest = mac.of(call.body)
+        record["request_body"] = digest
     if call.response_digest is not None:
         record["response_body"] = call.response_digest
     findings = call.findings
@@ -68,6 +72,8 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         }
     if call.approval is not None:
         record["approval"] = call.approval
+    if call.operator is not None:
+        record["operator"] = call.operator
     if call.state_error_allowed:
         record["state_error_allowed"] = True
     return record
@@ -98,10 +104,28 @@ def audit_records(call: Call, mac: BodyMac) -> list[AuditRecord]:
 
 
 class Audit:
-    def __init__(self, mac: BodyMac, observers: Sequence[CallObserver]) -> None:
+    def __init__(
+        self,
+        mac: BodyMac,
+        observers: Sequence[CallObserver],
+        decisions: DecisionLog | None = None,
+    ) -> None:
         self.mac = mac
         self.observers = tuple(observers)
         self.failures: dict[CallObserver, int] = {}  # calls each observer failed (metrics)
+        self.decisions = decisions
+
+    def decided(self, call: Call) -> Awaitable[None] | None:
+        """Before an allowed call is forwarded: its decision is written (durably, when the
+        trail says so), or the call is refused with ``audit_unavailable`` (fail closed)."""
+        if self.decisions is None:
+            return None
+        try:
+            pending = self.decisions.call_decided(call, audit_records(call, self.mac))
+        except GatewayError as exc:
+            call.error = exc
+            return None
+        return None if pending is None else _settled(call, pending)
 
     def __call__(self, call: Call) -> None:
         if not self.observers:
@@ -113,3 +137,10 @@ class Audit:
             except Exception:
                 self.failures[observer] = self.failures.get(observer, 0) + 1
                 log.exception("%s failed for request %s", type(observer).__name__, call.request_id)
+
+
+async def _settled(call: Call, pending: Awaitable[None]) -> None:
+    try:
+        await pending
+    except GatewayError as exc:
+        call.error = exc

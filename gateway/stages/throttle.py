@@ -2,23 +2,37 @@
 
 Every governed operation counts on its own: an MCP batch of three tool calls spends three
 units of each rate and quota it falls under, exactly as three separate calls would.
+
+Throttle, then evict: a rule with ``evict_after: N`` stops the run (revokes it, or the token
+when there is no run) at its Nth refusal by the rule's rate or quota; the refusals are
+counted in the store, per rule and run, and the stop is announced (``on_evict``) so the
+console shows why. The refused call's answer says the run was stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from gateway.call import Call
-from gateway.errors import StateUnavailable
+from gateway.errors import StateUnavailable, Throttled
 from gateway.limits import Limiter
 from gateway.policy.model import Role, Rule
-from gateway.state.base import StateStore
+from gateway.state.base import RevocationKind, StateStore
+
+EVICT_WINDOW_S = 30 * 24 * 3600.0  # refusals of a run are counted for this long
 
 
 class Throttle:
-    def __init__(self, state: StateStore, limiter: Limiter | None = None) -> None:
+    def __init__(
+        self,
+        state: StateStore,
+        limiter: Limiter | None = None,
+        on_evict: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.state = state
         self.limiter = limiter or Limiter()
+        self.on_evict = on_evict
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
         assert call.policy is not None
@@ -71,6 +85,44 @@ class Throttle:
                 call.state_error_allowed = True
                 return
             raise
+        except Throttled as exc:
+            if rule.evict_after is not None:
+                await self._count_refusal(call, rule, exc)
+            raise
+
+    async def _count_refusal(self, call: Call, rule: Rule, exc: Throttled) -> None:
+        """One more refusal of the run by ``rule``; at ``evict_after`` the run is stopped."""
+        assert call.claims is not None and rule.evict_after is not None
+        claims = call.claims
+        kind: RevocationKind = "run" if claims.run else "jti"
+        value = claims.run or claims.jti
+        counted = await self.state.consume_quota(
+            f"evict:{rule.id}:{kind}:{value}", rule.evict_after - 1, ttl_s=EVICT_WINDOW_S
+        )
+        if counted.allowed:
+            return  # not yet the Nth refusal
+        why = f"rule {rule.id} refused it {rule.evict_after} time(s) ({exc.reason.value})"
+        await self.state.revoke(
+            kind,
+            value,
+            until=claims.expires_at if kind == "jti" else None,
+            by="policy",
+            reason=why,
+        )
+        exc.detail += f"; the {kind} {value} was stopped: {why}"
+        if self.on_evict is not None:
+            self.on_evict(
+                {
+                    "type": "operator",
+                    "action": "stop",
+                    "by": "policy",
+                    "agent": claims.agent,
+                    "run": claims.run,
+                    "kind": kind,
+                    "value": value,
+                    "reason": why,
+                }
+            )
 
 
 def _limited(rule: Rule, roles: Mapping[str, Role]) -> bool:

@@ -2,7 +2,7 @@
 
 Everything lives in dicts owned by one event loop (no awaits inside an update, so every
 operation is atomic). Rate limiters and quota counters carry their own expiry and are swept
-periodically; revocations expire at their ``until``. Limiters use the monotonic clock, so
+periodically; revocations and pauses expire at their ``until``. Limiters use the monotonic clock, so
 wall-clock jumps neither grant nor withhold calls. State is lost when the process ends.
 """
 
@@ -13,14 +13,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import StateUnavailable
+from gateway.state.approval_board import ApprovalBoard, LocalApprovalBoard
 from gateway.state.base import (
     DEFAULT_PREFIX,
     Admission,
+    PauseEntry,
+    PauseKind,
+    PauseListener,
+    Pauses,
+    RevocationInfo,
     RevocationKind,
     RevocationListener,
     Revocations,
     check_cost,
+    check_operator,
+    check_pause,
     check_quota_args,
+    check_resume,
     check_revocation,
     gcra,
 )
@@ -40,11 +49,14 @@ class MemoryStore:
     backend = "memory"
 
     def __init__(self, *, prefix: str = DEFAULT_PREFIX, sweep_interval_s: float = 10.0) -> None:
+        self._board = LocalApprovalBoard()
+        self._taints: dict[str, tuple[dict[str, Any], int]] = {}  # key -> (cause, expires ns)
         # The prefix has no use in-process; it is accepted so every backend takes the same
         # options, and kept in keys so tests and dumps read like Redis.
         self.prefix = prefix
         self._sweep_ns = max(1, int(sweep_interval_s * _NS))
         self._revocations = Revocations()
+        self._pauses = Pauses()
         self._rates: dict[str, int] = {}  # key -> theoretical arrival time (monotonic ns)
         self._quotas: dict[str, tuple[int, int]] = {}  # key -> (used, expires at, monotonic ns)
         self._next_sweep = time.monotonic_ns() + self._sweep_ns
@@ -67,7 +79,8 @@ class MemoryStore:
             "reachable": self._running,
             "detail": (
                 ("in-process store" if self._running else "in-process store (not running)")
-                + f": {len(self._revocations)} revocations, {len(self._rates)} rate limiters, "
+                + f": {len(self._revocations)} revocations, {len(self._pauses)} pauses, "
+                f"{len(self._rates)} rate limiters, "
                 f"{len(self._quotas)} quota counters"
             ),
         }
@@ -78,17 +91,62 @@ class MemoryStore:
 
     # --- revocations --------------------------------------------------------------------
 
-    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+    async def revoke(
+        self,
+        kind: RevocationKind,
+        value: str,
+        *,
+        until: float | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         check_revocation(kind, value, until)
+        check_operator(by, reason)
         self._check_open()
-        self._revocations.apply(kind, value, until, now=time.time())
+        now = time.time()
+        self._revocations.apply(kind, value, until, now=now, info=RevocationInfo(now, by, reason))
+
+    def revocations(self) -> list[dict[str, Any]]:
+        self._check_open()
+        return self._revocations.listing(now=time.time())
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
         self._check_open()
         return self._revocations.match(jti, agent, run, now=time.time())
 
+    def approval_board(self) -> ApprovalBoard:
+        return self._board
+
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)
+
+    # --- pauses -------------------------------------------------------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        now = time.time()
+        check_pause(kind, value, until, by, reason, now=now)
+        self._check_open()
+        until = None if until is None else float(until)
+        self._pauses.set(PauseEntry(kind, value, now, until, by, reason), now=now)
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        check_resume(kind, value, by)
+        self._check_open()
+        entry = self._pauses.clear(kind, value)
+        return entry is not None and entry.live(time.time())
+
+    def paused(self, agent: str, run: str | None) -> PauseEntry | None:
+        self._check_open()
+        return self._pauses.match(agent, run, now=time.time())
+
+    def pauses(self) -> list[dict[str, Any]]:
+        self._check_open()
+        return [entry.public() for entry in self._pauses.entries(now=time.time())]
+
+    def on_pause(self, callback: PauseListener) -> None:
+        self._pauses.add_listener(callback)
 
     # --- rates --------------------------------------------------------------------------
 
@@ -106,6 +164,23 @@ class MemoryStore:
         return Admission(got.allowed, got.retry_after / _NS, got.remaining)
 
     # --- quotas -------------------------------------------------------------------------
+
+    async def taint(self, key: str, cause: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
+        self._check_open()
+        now = time.monotonic_ns()
+        self._maybe_sweep(now)
+        held = self._taints.get(key)
+        if held is not None and held[1] > now:
+            return held[0]
+        self._taints[key] = (dict(cause), now + max(1, int(ttl_s * _NS)))
+        return cause
+
+    async def taint_of(self, key: str) -> dict[str, Any] | None:
+        self._check_open()
+        held = self._taints.get(key)
+        if held is None or held[1] <= time.monotonic_ns():
+            return None
+        return held[0]
 
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1
@@ -146,4 +221,7 @@ class MemoryStore:
         self._next_sweep = now + self._sweep_ns
         self._rates = {k: tat for k, tat in self._rates.items() if tat > now}
         self._quotas = {k: v for k, v in self._quotas.items() if v[1] > now}
-        self._revocations.prune(time.time())
+        self._taints = {k: v for k, v in self._taints.items() if v[1] > now}
+        wall = time.time()
+        self._revocations.prune(wall)
+        self._pauses.prune(wall)

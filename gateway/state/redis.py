@@ -1,13 +1,23 @@
-"""The shared state store on Redis: many gateways, one set of limits and revocations.
+"""The shared state store on Redis: many gateways, one set of limits, revocations and pauses.
 
 Layout (``P`` is the prefix, ``capgate:`` by default)::
 
     P revoked:jti | P revoked:agent | P revoked:run     sorted sets: member = value,
                                                          score = until (unix s, +inf = forever)
+    P revoked:<kind>:info                                hash beside each: field = value,
+                                                         JSON {"since", "by", "reason"}
     P revocations                                        pub/sub channel, one JSON message
-                                                         {"kind", "value", "until"} per revoke
+                                                         {"kind", "value", "until", "since",
+                                                         "by", "reason"} per revoke
+    P paused:agent | P paused:run                        hashes: field = value, JSON {"kind",
+                                                         "value", "since", "until" (unix s or
+                                                         null), "by", "reason"}
+    P pauses                                             pub/sub channel: {"op": "pause", ...
+                                                         the entry} or {"op": "resume", "kind",
+                                                         "value", "by"}
     P rate:<key>                                         GCRA theoretical arrival time (us)
     P quota:<key>                                        quota counter
+    P taint:<run> | P taint:jti:<id>                     the first untrusted read (JSON), SET NX
 
 Revocations. ``revoke`` runs one script that records the entry (``ZADD GT``: the later
 ``until`` wins), drops expired entries and, if the set changed, publishes the message, so
@@ -22,6 +32,20 @@ every ``heartbeat_s``; if the connection fails or no answer comes within
 the mirror again only after a full resync. A resync also writes back any entry this gateway
 holds that Redis lacks (a revoke whose shared write failed, or a Redis that restarted
 empty); the script announces each only once, however many gateways write it back.
+
+Pauses. ``pause`` and ``resume`` each run one script that writes the hash and publishes on
+the sibling channel ``P pauses`` (a channel of its own, so a gateway of an older version,
+which reads every message on ``P revocations`` as a revocation, never takes a pause for a
+stop). The shared write comes first and the mirror is updated once it succeeded; a pause that
+could not be written is not in force anywhere. The pauses are loaded by the same
+subscribe-then-snapshot resync as the revocations (both channels confirmed before the
+snapshot), and a resync *replaces* the pause mirror with what Redis holds: a resume missed
+while disconnected is applied (and announced, so held calls go on). Pauses are never written
+back: a resume can never be undone by a gateway that still remembered the pause, and a Redis
+that restarts empty has no pauses (a pause is operational, not durable; revocations are
+written back). A pause whose ``until`` has passed no longer matches; its field is dropped by
+the next pause of that kind. Local pause and resume writes and the snapshot of a resync take
+one lock, so a resync never overwrites a newer local write with an older snapshot.
 
 Rates and quotas. Each is one Lua script (``EVALSHA``, reloaded automatically after a Redis
 restart), hence atomic across gateways. The limiter reads the clock with ``TIME`` inside the
@@ -61,15 +85,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StateUnavailable
+from gateway.state.approval_board import ApprovalBoard, RedisApprovalBoard
 from gateway.state.base import (
     DEFAULT_PREFIX,
+    PAUSE_KINDS,
     REVOCATION_KINDS,
     Admission,
+    PauseEntry,
+    PauseKind,
+    PauseListener,
+    Pauses,
+    RevocationInfo,
     RevocationKind,
     RevocationListener,
     Revocations,
     check_cost,
+    check_operator,
+    check_pause,
     check_quota_args,
+    check_resume,
     check_revocation,
     redact_url,
 )
@@ -131,17 +165,55 @@ return {1, 0, 0, remaining}
 """
 
 # Record a revocation and, if that changed the set, announce it (so a repeat, or the same
-# write-back from many gateways after a Redis restart, is published once).
-# KEYS[1]: the kind's sorted set. ARGV: value, until (score; '+inf' = forever), channel,
-# message. Returns 1 if announced.
+# write-back from many gateways after a Redis restart, is published once). Who and why are
+# kept in the info hash beside the set when the entry changed. Expired entries are dropped
+# from both (the info hash by at most 1000 a call, so one call stays short).
+# KEYS[1]: the kind's sorted set, KEYS[2]: its info hash. ARGV: value, until (score; '+inf' =
+# forever), channel, message, info JSON ('' = none). Returns 1 if announced.
 REVOKE_LUA = """
 local t = redis.call('TIME')
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1], 'LIMIT', 0, 1000)
+if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1])
 if redis.call('ZADD', KEYS[1], 'GT', 'CH', ARGV[2], ARGV[1]) == 1 then
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[5]) end
   redis.call('PUBLISH', ARGV[3], ARGV[4])
   return 1
 end
 return 0
+"""
+
+# Set a pause (replacing one of the same value), drop the kind's expired pauses, announce.
+# KEYS[1]: the kind's hash. ARGV: value, entry JSON, channel, message. Returns 1.
+PAUSE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, e = pcall(cjson.decode, all[i + 1])
+  if not ok or type(e) ~= 'table' or (type(e['until']) == 'number' and e['until'] <= now) then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+# Lift a pause and announce it. KEYS[1]: the kind's hash. ARGV: value, channel, message.
+# Returns 1 if a pause still in force was lifted, 0 if there was none (or it had expired).
+RESUME_LUA = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+local ok, e = pcall(cjson.decode, raw)
+local t = redis.call('TIME')
+if ok and type(e) == 'table' and type(e['until']) == 'number'
+    and e['until'] <= tonumber(t[1]) + tonumber(t[2]) / 1000000 then
+  return 0
+end
+return 1
 """
 
 
@@ -179,7 +251,7 @@ def _score(until: float | None) -> str:
 
 
 class _BadMessage(Exception):
-    """A revocation message we cannot read: the mirror must be rebuilt from the sets."""
+    """A revocation or pause message we cannot read: the mirror must be rebuilt from Redis."""
 
 
 class RedisStore:
@@ -279,8 +351,16 @@ class RedisStore:
         self._rate_script = self._client.register_script(RATE_LUA)
         self._quota_script = self._client.register_script(QUOTA_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
+        self._board = RedisApprovalBoard(self._client, prefix, self._call)
+        self._pause_script = self._client.register_script(PAUSE_LUA)
+        self._resume_script = self._client.register_script(RESUME_LUA)
         self._channel = prefix + "revocations"
+        self._pause_channel = prefix + "pauses"
         self._revocations = Revocations()
+        self._pauses = Pauses()
+        # Held by pause/resume (shared write + mirror update) and by a resync's snapshot
+        # (read + mirror replace): neither interleaves with the other.
+        self._pause_lock = asyncio.Lock()
         self._synced = False
         self._stale_reason = "not started"
         self._stale_since = time.monotonic()
@@ -298,9 +378,20 @@ class RedisStore:
     def _revoked_key(self, kind: str) -> str:
         return f"{self.prefix}revoked:{kind}"
 
-    def _revoke_args(self, kind: str, value: str, until: float | None) -> list[str]:
-        message = json.dumps({"kind": kind, "value": value, "until": until})
-        return [value, _score(until), self._channel, message]
+    def _info_key(self, kind: str) -> str:
+        return f"{self.prefix}revoked:{kind}:info"
+
+    def _paused_key(self, kind: str) -> str:
+        return f"{self.prefix}paused:{kind}"
+
+    def _revoke_args(
+        self, kind: str, value: str, until: float | None, info: RevocationInfo | None
+    ) -> list[str]:
+        body: dict[str, Any] = {"kind": kind, "value": value, "until": until}
+        if info is not None:
+            body.update(info.as_json())
+        info_json = json.dumps(info.as_json()) if info is not None else ""
+        return [value, _score(until), self._channel, json.dumps(body), info_json]
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -350,6 +441,7 @@ class RedisStore:
             "reachable": False,
             "mirror_synced": self._synced,
             "revocations": len(self._revocations),
+            "pauses": len(self._pauses),
         }
         if self._synced:
             mirror = f"revocation mirror in sync ({len(self._revocations)} entries)"
@@ -369,26 +461,95 @@ class RedisStore:
 
     # --- revocations --------------------------------------------------------------------
 
-    async def revoke(self, kind: RevocationKind, value: str, *, until: float | None = None) -> None:
+    async def revoke(
+        self,
+        kind: RevocationKind,
+        value: str,
+        *,
+        until: float | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         check_revocation(kind, value, until)
+        check_operator(by, reason)
         self._check_running()
         # Local first: this gateway enforces the revocation even if the shared write fails
         # (a later resync writes it back to Redis).
-        self._revocations.apply(kind, value, until, now=time.time())
-        keys = [self._revoked_key(kind)]
-        args = self._revoke_args(kind, value, until)
+        now = time.time()
+        info = RevocationInfo(now, by, reason)
+        self._revocations.apply(kind, value, until, now=now, info=info)
+        keys = [self._revoked_key(kind), self._info_key(kind)]
+        args = self._revoke_args(kind, value, until, info)
         await self._call("revoke", lambda: self._revoke_script(keys=keys, args=args))
 
-    def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
+    def _check_synced(self) -> None:
         if not (self._synced and self._running):
             raise StateUnavailable(
                 f"the revocation list is not in sync with redis at {self.target} "
                 f"({self._stale_reason}); refusing calls until it is"
             )
+
+    def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
+        self._check_synced()
         return self._revocations.match(jti, agent, run, now=time.time())
+
+    def approval_board(self) -> ApprovalBoard:
+        return self._board
+
+    def revocations(self) -> list[dict[str, Any]]:
+        self._check_synced()
+        return self._revocations.listing(now=time.time())
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)
+
+    # --- pauses -------------------------------------------------------------------------
+
+    async def pause(
+        self, kind: PauseKind, value: str, *, until: float | None, by: str, reason: str
+    ) -> None:
+        now = time.time()
+        check_pause(kind, value, until, by, reason, now=now)
+        self._check_running()
+        entry = PauseEntry(kind, value, now, None if until is None else float(until), by, reason)
+        stored = json.dumps(entry.public())
+        message = json.dumps({"op": "pause", **entry.public()})
+        keys = [self._paused_key(kind)]
+        args = [value, stored, self._pause_channel, message]
+
+        async def write() -> None:
+            async with self._pause_lock:
+                await self._pause_script(keys=keys, args=args)
+                # Shared write first: the mirror learns the pause only once Redis has it.
+                self._pauses.set(entry, now=time.time())
+
+        await self._call("pause", write)
+
+    async def resume(self, kind: PauseKind, value: str, *, by: str) -> bool:
+        check_resume(kind, value, by)
+        self._check_running()
+        message = json.dumps({"op": "resume", "kind": kind, "value": value, "by": by})
+        keys = [self._paused_key(kind)]
+        args = [value, self._pause_channel, message]
+
+        async def write() -> bool:
+            async with self._pause_lock:
+                lifted = await self._resume_script(keys=keys, args=args)
+                self._pauses.clear(kind, value)
+                return bool(int(lifted))
+
+        return await self._call("resume", write)
+
+    def paused(self, agent: str, run: str | None) -> PauseEntry | None:
+        self._check_synced()
+        return self._pauses.match(agent, run, now=time.time())
+
+    def pauses(self) -> list[dict[str, Any]]:
+        self._check_synced()
+        return [entry.public() for entry in self._pauses.entries(now=time.time())]
+
+    def on_pause(self, callback: PauseListener) -> None:
+        self._pauses.add_listener(callback)
 
     # --- rates --------------------------------------------------------------------------
 
@@ -401,6 +562,25 @@ class RedisStore:
         return Admission(bool(allowed), retry_us / _US, remaining)
 
     # --- quotas -------------------------------------------------------------------------
+
+    async def taint(self, key: str, cause: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
+        name = f"{self.prefix}taint:{key}"
+        ttl_ms = max(1, int(ttl_s * 1000))
+        text = json.dumps(cause)
+
+        async def mark() -> Any:
+            # The first cause wins; a later mark only reads it back.
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.set(name, text, nx=True, px=ttl_ms)
+                pipe.get(name)
+                return (await pipe.execute())[1]
+
+        kept = await self._call("taint", mark)
+        return json.loads(kept) if kept else cause
+
+    async def taint_of(self, key: str) -> dict[str, Any] | None:
+        kept = await self._call("taint_of", lambda: self._client.get(f"{self.prefix}taint:{key}"))
+        return json.loads(kept) if kept else None
 
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1
@@ -504,29 +684,25 @@ class RedisStore:
             log.debug("closing the pub/sub connection failed", exc_info=True)
 
     async def _sync(self, pubsub: PubSub) -> None:
-        """Subscribe, wait until the subscription is live, then load the full snapshot."""
+        """Subscribe, wait until the subscriptions are live, then load the full snapshot."""
+        channels = (self._channel, self._pause_channel)
         async with asyncio.timeout(self._sync_timeout):
-            await pubsub.subscribe(self._channel)
-            while True:  # the confirmation proves the server now routes messages to us
+            await pubsub.subscribe(*channels)
+            confirmed: set[str] = set()
+            while len(confirmed) < len(channels):
+                # A confirmation proves the server now routes that channel's messages to us.
                 message = await pubsub.get_message(timeout=self._sync_timeout)
                 if message is not None and message["type"] == "subscribe":
-                    break
-                if message is not None and message["type"] == "message":
-                    self._on_message(message["data"])
-            async with self._sub_client.pipeline(transaction=False) as pipe:
-                for kind in REVOCATION_KINDS:
-                    pipe.zrange(self._revoked_key(kind), 0, -1, withscores=True)
-                snapshot: list[list[tuple[str, float]]] = await pipe.execute()
-        now = time.time()
-        in_redis: dict[tuple[str, str], float] = {}
-        for kind, entries in zip(REVOCATION_KINDS, snapshot, strict=True):
-            for value, until in entries:
-                in_redis[(kind, value)] = until
-                self._revocations.apply(kind, value, until, now=now)
-        if not self._running:
-            return
-        self._synced = True
-        self._stale_reason = "in sync"
+                    confirmed.add(message["channel"])
+                elif message is not None and message["type"] == "message":
+                    self._on_message(message["channel"], message["data"])
+            async with self._pause_lock:
+                snapshot = await self._load_snapshot()
+                in_redis = self._apply_snapshot(*snapshot)
+                if not self._running:
+                    return
+                self._synced = True
+                self._stale_reason = "in sync"
         if self._first_sync is not None:
             self._first_sync.set()
         try:
@@ -538,6 +714,49 @@ class RedisStore:
                 self.target,
                 _failure(exc),
             )
+
+    async def _load_snapshot(
+        self,
+    ) -> tuple[list[list[tuple[str, float]]], list[dict[str, str]], list[dict[str, str]]]:
+        """Every revocation (with its info) and every pause Redis holds, in one round trip."""
+        async with self._sub_client.pipeline(transaction=False) as pipe:
+            for kind in REVOCATION_KINDS:
+                pipe.zrange(self._revoked_key(kind), 0, -1, withscores=True)
+            for kind in REVOCATION_KINDS:
+                pipe.hgetall(self._info_key(kind))
+            for kind in PAUSE_KINDS:
+                pipe.hgetall(self._paused_key(kind))
+            replies: list[Any] = await pipe.execute()
+        n = len(REVOCATION_KINDS)
+        return replies[:n], replies[n : 2 * n], replies[2 * n :]
+
+    def _apply_snapshot(
+        self,
+        revoked: list[list[tuple[str, float]]],
+        infos: list[dict[str, str]],
+        paused: list[dict[str, str]],
+    ) -> dict[tuple[str, str], float]:
+        """Load the snapshot into the mirrors; returns the revocations Redis holds (for the
+        write-back). The pause mirror becomes exactly what Redis holds."""
+        now = time.time()
+        in_redis: dict[tuple[str, str], float] = {}
+        for kind, entries, info in zip(REVOCATION_KINDS, revoked, infos, strict=True):
+            for value, until in entries:
+                in_redis[(kind, value)] = until
+                found = _read_info(info.get(value))
+                self._revocations.apply(kind, value, until, now=now, info=found)
+        pauses: list[PauseEntry] = []
+        for kind, fields in zip(PAUSE_KINDS, paused, strict=True):
+            for value, raw in fields.items():
+                try:
+                    entry = PauseEntry.from_json(json.loads(raw))
+                except ValueError:
+                    log.warning("ignoring an unreadable %s pause entry in redis", kind)
+                    continue
+                if entry.kind == kind and entry.value == value:
+                    pauses.append(entry)
+        self._pauses.replace(pauses, now=now)
+        return in_redis
 
     async def _write_back(self, in_redis: dict[tuple[str, str], float]) -> None:
         """Give Redis the live entries it lacks (a revoke whose shared write failed, or a
@@ -553,8 +772,13 @@ class RedisStore:
             async with self._sub_client.pipeline(transaction=False) as pipe:
                 for kind, value, until in missing:
                     await self._revoke_script(
-                        keys=[self._revoked_key(kind)],
-                        args=self._revoke_args(kind, value, None if until == math.inf else until),
+                        keys=[self._revoked_key(kind), self._info_key(kind)],
+                        args=self._revoke_args(
+                            kind,
+                            value,
+                            None if until == math.inf else until,
+                            self._revocations.info(kind, value),
+                        ),
                         client=pipe,
                     )
                 announced = sum(await pipe.execute())
@@ -576,20 +800,54 @@ class RedisStore:
             if message is not None:
                 last_heard = now
                 if message["type"] == "message":
-                    self._on_message(message["data"])
+                    self._on_message(message["channel"], message["data"])
             if now >= next_ping:
                 if now - last_heard > self._heartbeat_timeout:
                     raise RedisTimeoutError("no answer to the pub/sub heartbeat")
                 async with asyncio.timeout(self._op_timeout):
                     await pubsub.ping()
                 next_ping = now + self._heartbeat
-                self._revocations.prune(time.time())
+                wall = time.time()
+                self._revocations.prune(wall)
+                self._pauses.prune(wall)
 
-    def _on_message(self, data: Any) -> None:
+    def _on_message(self, channel: Any, data: Any) -> None:
+        if channel == self._pause_channel:
+            self._on_pause_message(data)
+            return
         try:
             body = json.loads(data)
             kind, value, until = body["kind"], body["value"], body["until"]
             check_revocation(kind, value, until)
         except (ValueError, TypeError, KeyError) as exc:
             raise _BadMessage("unreadable revocation message") from exc
-        self._revocations.apply(kind, value, until, now=time.time())
+        info = RevocationInfo.from_json(body)
+        self._revocations.apply(kind, value, until, now=time.time(), info=info)
+
+    def _on_pause_message(self, data: Any) -> None:
+        try:
+            body = json.loads(data)
+            op = body["op"]
+            if op == "pause":
+                entry = PauseEntry.from_json(body)
+            elif op == "resume":
+                kind, value = body["kind"], body["value"]
+                if kind not in PAUSE_KINDS or not isinstance(value, str):
+                    raise ValueError("bad resume message")
+            else:
+                raise ValueError(f"unknown pause message op {op!r}")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _BadMessage("unreadable pause message") from exc
+        if op == "pause":
+            self._pauses.set(entry, now=time.time())
+        else:
+            self._pauses.clear(kind, value)
+
+
+def _read_info(raw: str | None) -> RevocationInfo | None:
+    if raw is None:
+        return None
+    try:
+        return RevocationInfo.from_json(json.loads(raw))
+    except ValueError:
+        return None

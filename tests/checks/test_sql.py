@@ -476,6 +476,72 @@ def test_mysql_sql_mode_dependent_lexing_is_denied(text: str) -> None:
     assert kind_of(make("mysql"), text) == "parse"
 
 
+def test_mysql_unknown_sql_mode_refuses_pipes() -> None:
+    assert kind_of(make("mysql"), "SELECT id FROM orders WHERE id = 1 || id = 2") == "parse"
+
+
+def test_mysql_stated_sql_mode_is_how_the_text_is_lexed() -> None:
+    plain = make("mysql", sql_mode="STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION")
+    # Backslash escapes (the default): 'a\' OR 1=1 -- ' is one string, ... and the text
+    # goes on; a double-quoted text is a string.
+    assert plain.check("SELECT id FROM orders WHERE status = 'a\\'' LIMIT 1")
+    assert plain.check('SELECT id FROM orders WHERE status = "paid"')
+    assert plain.check("SELECT id FROM orders WHERE id = 1 || id = 2")
+    ansi = make("mysql", sql_mode="ANSI", deny_columns=["customers.ssn"])
+    # ANSI_QUOTES: "ssn" is the column, refused as the column it is.
+    assert kind_of(ansi, 'SELECT "ssn" FROM customers') == "column"
+    assert ansi.check('SELECT "name" FROM customers')
+    nbe = make("mysql", sql_mode="NO_BACKSLASH_ESCAPES", deny_columns=["customers.ssn"])
+    # A backslash is a character: the string ends at the second quote, and ssn is read.
+    text = "SELECT id FROM customers WHERE name = 'a\\' OR ssn = 'x' -- '"
+    assert kind_of(nbe, text) == "column"
+    # The same text with backslash escapes: one string to the comment, then unterminated.
+    assert kind_of(plain, text) == "parse"
+
+
+@pytest.mark.parametrize(
+    "text", ["SELECT \\N FROM orders", "SELECT id FROM orders WHERE id = 1 \\g"]
+)
+def test_mysql_backslash_outside_strings_is_refused_in_every_mode(text: str) -> None:
+    for mode in (None, "", "NO_BACKSLASH_ESCAPES"):
+        assert kind_of(make("mysql", sql_mode=mode), text) == "parse"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT `naïve` FROM orders",
+        "SELECT id FROM orders -- café",
+        "SELECT id /* ü */ FROM orders",
+        'SELECT "id\u00e9" FROM orders',
+    ],
+)
+def test_mysql_only_ascii_outside_strings(text: str) -> None:
+    assert kind_of(make("mysql", sql_mode="ANSI_QUOTES"), text) == "parse"
+
+
+def test_mysql_parameters_only_in_the_forms_listed() -> None:
+    assert kind_of(make("mysql"), "SELECT id FROM orders WHERE status = ?") == "parse"
+    listed = make("mysql", parameters=["?"], max_limit=10)
+    assert listed.check("SELECT id FROM orders WHERE status = ? LIMIT 5")
+    assert kind_of(listed, "SELECT id FROM orders LIMIT ?") == "limit"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sql_mode": "ORACLE"}, "changes MySQL's grammar"),
+        ({"sql_mode": "ANSI_QOUTES"}, "is not a MySQL or MariaDB sql_mode"),
+        ({"parameters": [":name"]}, "MySQL's parameter form is '?'"),
+    ],
+)
+def test_mysql_settings_are_checked(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make("mysql", **kwargs)
+    with pytest.raises(ValueError, match="is a MySQL setting"):
+        make("postgres", sql_mode="ANSI")
+
+
 @pytest.mark.parametrize("char", ["\xa0", "\u3000", "\u2028", "\x0b", "\x85", "\ufeff", "\u200b"])
 def test_unusual_spaces_outside_strings_are_denied(char: str) -> None:
     # sqlglot splits words on any Unicode space; databases may read U+00A0 as part of a name.
@@ -871,3 +937,11 @@ async def test_explain_runs_the_sql_check_in_the_pipeline() -> None:
     assert (denied["decision"], denied["reason"], denied["status"]) == ("deny", "sql_denied", 403)
     assert denied["rule"] == "query-orders"
     assert denied["errors"][0]["kind"] == "column"
+
+
+def test_row_packing_functions_are_out_of_the_default_list() -> None:
+    from gateway.checks.sql.options import DEFAULT_FUNCTIONS, ROW_PACKING
+
+    assert DEFAULT_FUNCTIONS.isdisjoint(ROW_PACKING)
+    for name in sorted(ROW_PACKING):  # and each one, called, is refused (PostgreSQL)
+        assert kind_of(make(), f"SELECT {name}(id) FROM orders") == "function"

@@ -176,3 +176,17 @@ def test_from_settings_builds_the_same_policy_as_create() -> None:
     fields += ("functions", "max_limit", "add_limit", "allow", "max_length", "rule_id")
     for name in fields:
         assert getattr(one, name) == getattr(two, name), name
+
+
+def test_mysql_settings_are_read_from_the_file() -> None:
+    text = POLICY.format(
+        rest="          tables: [orders]\n          sql_mode: 'ANSI,NO_BACKSLASH_ESCAPES'\n"
+        "          parameters: ['?']"
+    ).replace("dialect: postgres\n          server_version: 15\n", "dialect: mysql\n")
+    rule = load_policy("policy.yaml", text=text).rules_by_id["q"]
+    (check,) = rule.checks
+    policy = check.policy  # type: ignore[attr-defined]
+    assert policy.sql_mode >= {"ANSI_QUOTES", "PIPES_AS_CONCAT", "NO_BACKSLASH_ESCAPES"}
+    assert policy.parameters == frozenset({"?"})
+    (issue,) = file_issues("tables: [orders]\nsql_mode: ANSI")
+    assert issue.endswith(f"{WHERE}.sql_mode: is a MySQL setting (dialect: mysql)"), issue

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.audit_trail import call_records
 from mocks.demo import Workspace, rewrite_policy_urls
 from tests.conftest import ROOT, TEST_POLICY, Mocks
 from tests.e2e.test_serve import Served, start_capgate
@@ -178,7 +179,9 @@ def test_soak_two_gateways_audit_and_counters_match(fleet: Fleet, workspace: Wor
     for g in fleet.gateways:
         g.proc.send_signal(signal.SIGTERM)
         assert g.proc.wait(timeout=15) == 0
-    lines = [json.loads(x) for g in fleet.gateways for x in g.audit.read_text().splitlines()]
+    lines = call_records(
+        json.loads(x) for g in fleet.gateways for x in g.audit.read_text().splitlines()
+    )
     assert len(lines) == len(agents) * calls_per_agent
     assert len({x["request_id"] for x in lines}) == len(lines)
     per_agent = Counter((x["agent"], x["status"]) for x in lines)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gateway.audit_trail import call_records
 from mocks.demo import Workspace, rewrite_policy_urls
 from tests.conftest import ROOT, TEST_POLICY, Mocks
 
@@ -59,7 +60,8 @@ def start_capgate(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **env},
+        # The gateway of this checkout, whatever the venv has installed.
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         cwd=cwd,
     )
     assert proc.stdout is not None
@@ -110,7 +112,7 @@ def test_allowed_and_denied_then_sigterm_flushes_audit(
 
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(timeout=15) == 0
-    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    lines = call_records(json.loads(x) for x in served.audit.read_text().splitlines())
     assert [(x["decision"], x["status"]) for x in lines] == [
         ("allow", 200),
         ("deny", 403),
@@ -124,7 +126,8 @@ def test_allowed_and_denied_then_sigterm_flushes_audit(
         timeout=30,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "3 lines" in check.stdout
+    # The start checkpoint, 2 decision + 2 outcome lines, 1 decision line, the shutdown one.
+    assert "7 lines, 2 signed checkpoints" in check.stdout
 
 
 def test_sigterm_lets_calls_in_flight_finish(served: Served, workspace: Workspace) -> None:
@@ -144,7 +147,7 @@ def test_sigterm_lets_calls_in_flight_finish(served: Served, workspace: Workspac
     # New connections are refused once it stopped.
     with pytest.raises(urllib.error.URLError):
         served.call("/echo/echo/x", tok, timeout=2)
-    lines = [json.loads(x) for x in served.audit.read_text().splitlines()]
+    lines = call_records(json.loads(x) for x in served.audit.read_text().splitlines())
     assert lines[-1]["path"] == "/echo/echo/slow" and lines[-1]["status"] == 200
 
 
@@ -301,3 +304,71 @@ def test_example_policy_sql_and_mcp_through_capgate_serve(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         proc.communicate(timeout=10)
+
+
+def test_audit_anchor_mirror_and_query_end_to_end(
+    workspace: Workspace, mocks: Mocks, tmp_path: Path
+) -> None:
+    """`capgate serve` with a file anchor and a mirror on "another volume": after SIGTERM the
+    trail ends with a shutdown checkpoint the anchor holds; verify and query pass with the
+    trusted JWKS copy and the anchor; cut back to the previous run's shutdown checkpoint, the
+    trail still passes alone but not against the anchor."""
+    import shutil
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(rewrite_policy_urls(TEST_POLICY.read_text(), mocks.urls))
+    audit = tmp_path / "sandbox" / "audit.jsonl"
+    outside = tmp_path / "outside"
+    args = [
+        *workspace.serve_args(0, audit, policy),
+        "--audit-anchor",
+        f"file:{outside / 'anchor.jsonl'}",
+        "--audit-mirror",
+        str(outside / "audit.jsonl"),
+        "--audit-gateway-id",
+        "gw-e2e",
+    ]
+    tok = workspace.token("tester", ["tester"])
+    sizes = []
+    for run in range(2):
+        proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+        served = Served(proc, ready, audit)
+        try:
+            assert served.call(f"/echo/echo/run-{run}", tok)[0] == 200
+            with urllib.request.urlopen(ready["health"], timeout=5) as resp:  # noqa: S310
+                health = json.loads(resp.read())
+            assert health["audit"]["ok"] and health["audit"]["fsync"] == "1s"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=10)
+        sizes.append(len(audit.read_bytes().splitlines()))
+    trusted = outside / "audit.jwks.json"
+    shutil.copy(audit.with_name("audit.jsonl.jwks.json"), trusted)
+    assert audit.read_bytes() == (outside / "audit.jsonl").read_bytes()
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "audit", *argv],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    anchor = ["--jwks", str(trusted), "--anchor", str(outside / "anchor.jsonl")]
+    check = cli("verify", str(audit), *anchor)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "4 signed checkpoints" in check.stdout
+    query = cli("query", str(audit), "--agent", "tester", "--format", "json", *anchor)
+    assert query.returncode == 0, query.stdout + query.stderr
+    answer = json.loads(query.stdout)
+    assert [m["path"] for m in answer["matches"]] == ["/echo/echo/run-0", "/echo/echo/run-1"]
+    assert [m["status"] for m in answer["matches"]] == [200, 200]
+    # Cut back to the end of the first run: signed and whole, but not what the anchor holds.
+    audit.write_bytes(b"".join(x + b"\n" for x in audit.read_bytes().splitlines()[: sizes[0]]))
+    assert cli("verify", str(audit), "--jwks", str(trusted)).returncode == 0
+    check = cli("verify", str(audit), *anchor)
+    assert check.returncode == 1 and "the anchor's latest checkpoint" in check.stdout

@@ -277,3 +277,26 @@ roles:
     issues = "\n".join(str(i) for i in info.value.issues)
     assert message in issues, issues
     assert "only for an upstream of kind mcp" in issues
+
+
+def test_approval_patience_of_an_mcp_upstream() -> None:
+    def upstreams(options: str) -> str:
+        return f"""
+version: 1
+agents: {{"*": [r]}}
+upstreams:
+  tools: {{url: "http://127.0.0.1:9", kind: mcp{options}}}
+roles:
+  r:
+    rules:
+      - {{id: x, upstream: tools, allow: POST /mcp, tool: echo}}
+"""
+
+    assert policy_from_text(upstreams("")).upstreams["tools"].mcp_approval_patience == 25.0
+    patient = policy_from_text(upstreams(", mcp: {approval_patience: 300ms}"))
+    assert patient.upstreams["tools"].mcp_approval_patience == 0.3
+    for bad, message in (("0s", "greater than zero"), ("soon", "approval_patience")):
+        with pytest.raises(PolicyError) as info:
+            policy_from_text(upstreams(f", mcp: {{approval_patience: {bad}}}"))
+        issues = "\n".join(str(i) for i in info.value.issues)
+        assert message in issues, issues

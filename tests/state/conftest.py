@@ -8,8 +8,7 @@ one in-process store twice: the memory backend shares state only within a proces
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -41,17 +40,6 @@ FAST: dict[str, Any] = {
 PROD_TIMEOUTS: dict[str, Any] = {"socket_timeout": 0.25, "connect_timeout": 0.25}
 
 StoreFactory = Callable[..., Awaitable[StateStore]]
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A fresh, empty redis-server on a free port, killed after the test."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ A rule that forwards SQL to a database names where the SQL is and what it may do
       dialect: postgres            # postgres | sqlite | mysql (required)
       server_version: 15           # postgres: the server's major (must match the parser)
       standard_conforming_strings: on  # postgres: stated, or backslashes in strings refused
+      # sql_mode: "ANSI_QUOTES"    # mysql: the server's sql_mode, or what depends on it refused
+      # parameters: ["?"]          # mysql: the parameter forms allowed (default: none)
       max_joins: 3                 # joins per statement (default 3)
       field: sql                   # dotted path of the JSON body field holding the SQL
       # body: raw                  # ... or: the whole request body is the SQL (UTF-8)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.checks.sql.policy import SqlPolicy
-from gateway.errors import BodyInvalid, SqlDenied, ToolDenied
+from gateway.errors import BodyInvalid, GatewayError, SqlDenied, ToolDenied
 from gateway.payload import BodyPayload, Payload, ToolCallPayload
 
 
@@ -36,6 +36,31 @@ class SqlBodyCheck:
                 self._check_field(payload)
         else:
             raise SqlDenied("the SQL could not be found where the rule says", rule=self.rule_id)
+
+    def costly(self, payload: Payload) -> bool:
+        """Whether this payload's SQL is long and unseen (``SqlPolicy.costly``), so its check
+        belongs in a worker thread. False when the SQL is not where the rule says: ``check``
+        then refuses it at once."""
+        try:
+            text = self._find(payload)
+        except GatewayError:
+            return False
+        return text is not None and self.policy.costly(text)
+
+    def _find(self, payload: Payload) -> str | None:
+        """The SQL text where the rule says it is, without checking it (None: not there)."""
+        if isinstance(payload, ToolCallPayload):
+            text = payload.arguments.get(self.argument) if self.argument is not None else None
+        elif isinstance(payload, BodyPayload) and self.argument is None:
+            if self.raw:
+                return payload.text()
+            assert self.field is not None
+            text = payload.json()
+            for part in self.field:
+                text = text.get(part) if isinstance(text, dict) else None
+        else:
+            return None
+        return text if isinstance(text, str) else None
 
     def _check_raw(self, payload: BodyPayload) -> None:
         try:

@@ -32,6 +32,11 @@ class Lru(Generic[K, V]):
             self.hits += 1
             return entry[0]
 
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is cached (neither counted as a hit or miss nor made recent)."""
+        with self._lock:
+            return key in self._data
+
     def put(self, key: K, value: V, weight: int) -> None:
         if weight > self.max_weight:
             return

@@ -48,6 +48,8 @@ SQL_KEYS = (
     "max_joins",
     "server_version",
     "standard_conforming_strings",
+    "sql_mode",
+    "parameters",
 )
 
 
@@ -98,6 +100,12 @@ SQL_KEY_SCHEMA: dict[str, Any] = {
             "description": "PostgreSQL: the server's setting; when not stated, string literals "
             "with a backslash are refused",
         },
+        "sql_mode": {
+            "type": "string",
+            "description": "MySQL: the server's sql_mode as SELECT @@GLOBAL.sql_mode prints it; "
+            "when not stated, backslashes, double-quoted strings and || are refused",
+        },
+        "parameters": _strings("MySQL: the parameter forms allowed ('?')", {"enum": ["?"]}),
     },
     "required": ["dialect", "tables"],
     "additionalProperties": False,
@@ -192,6 +200,8 @@ class _Reader:
             max_joins=self.integer("max_joins", DEFAULT_MAX_JOINS),
             server_version=self.integer("server_version", None),
             standard_conforming_strings=self.on_off("standard_conforming_strings"),
+            sql_mode=self.string("sql_mode", "a sql_mode"),
+            parameters=self.strings("parameters", "a parameter form"),
             unread=frozenset(self.unread),
         )
 

@@ -1,15 +1,25 @@
-"""The text and its tokens: measured, and refused where the database would lex it otherwise.
+"""(MySQL) The text and its tokens: measured, and refused where MySQL would lex it otherwise.
+
+sqlglot reads the dialects whose own parser capgate does not embed (MySQL/MariaDB), so what
+it cannot be trusted to lex like the server is refused before parsing, under a strict
+lexical allow-list:
+
+- ASCII only outside string literals (identifiers, quoted or not, comments and spaces
+  included): sqlglot splits words on every Unicode space, MySQL follows its character set;
+- no control characters outside strings; no NUL anywhere;
+- parameters only in the forms the rule lists (``parameters: ["?"]``);
+- executable comments ``/*! */`` and ``/*M!`` (MySQL runs them, sqlglot skips them) and
+  sqlglot's own comment directives (``/* sqlglot.meta case_sensitive */``);
+- what depends on the server's ``sql_mode`` unless the rule states it (``sql_mode:``, as
+  ``SELECT @@GLOBAL.sql_mode`` prints it): a backslash (``NO_BACKSLASH_ESCAPES`` decides
+  whether it escapes the next character or is one), a double-quoted string (``ANSI_QUOTES``
+  makes it an identifier) and ``||`` (``PIPES_AS_CONCAT`` makes it a concatenation). With
+  the mode stated, the text is lexed as that mode does; a backslash outside a string is
+  refused in every mode.
 
 Nothing is parsed before the token stream is measured: deep nesting makes sqlglot raise
 ``RecursionError`` (or, compiled, crash the process) and chained subscripts parse in
 super-linear time, so length, tokens, nesting and subscripts are capped here.
-
-Refused because sqlglot and the database read them differently: MySQL/MariaDB executable
-comments ``/*! */``, sqlglot's own comment directives (``/* sqlglot.meta case_sensitive */``
-switches identifier normalisation off for a node), PostgreSQL ``U&"..."`` identifiers (sqlglot
-reads ``U & "\\0073sn"``, PostgreSQL reads ``ssn``), identifiers PostgreSQL would truncate,
-control characters and Unicode spaces outside strings, and on MySQL backslashes and
-double-quoted strings (their meaning depends on ``sql_mode``).
 """
 
 from __future__ import annotations
@@ -18,22 +28,54 @@ import re
 from typing import Any
 
 from sqlglot.dialects.dialect import Dialect
+from sqlglot.dialects.mysql import MySQL
 from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import Token, TokenType
 
-from gateway.checks.sql.limits import (
-    MAX_NESTING,
-    MAX_SUBSCRIPTS,
-    MAX_TOKENS,
-    PG_MAX_IDENTIFIER_BYTES,
-)
-from gateway.checks.sql.options import DIALECTS
+from gateway.checks.sql.limits import MAX_NESTING, MAX_SUBSCRIPTS, MAX_TOKENS
 from gateway.checks.sql.violations import Denial, Refusal, at, position
 
 SQLGLOT_READS = ("mysql",)
 """Dialects whose text sqlglot reads (PostgreSQL's parser and SQLite's compiler read theirs)."""
 
-DIALECT_OBJECTS: dict[str, Dialect] = {name: Dialect.get_or_raise(name) for name in DIALECTS}
+LEXING_MODES = ("ANSI_QUOTES", "NO_BACKSLASH_ESCAPES")
+"""The sql_mode flags that change how MySQL splits a text into tokens."""
+
+
+class _AnsiQuotes(MySQL):
+    class Tokenizer(MySQL.Tokenizer):
+        QUOTES = ["'"]
+        IDENTIFIERS = ["`", '"']
+
+
+class _NoBackslashEscapes(MySQL):
+    class Tokenizer(MySQL.Tokenizer):
+        STRING_ESCAPES = ["'", '"']
+
+
+class _AnsiQuotesNoBackslashEscapes(MySQL):
+    class Tokenizer(MySQL.Tokenizer):
+        QUOTES = ["'"]
+        IDENTIFIERS = ["`", '"']
+        STRING_ESCAPES = ["'"]
+
+
+def lexer_key(dialect: str, sql_mode: frozenset[str] | None) -> str:
+    """The name of the reader for ``dialect`` under ``sql_mode`` (None: not stated), e.g.
+    ``mysql`` (mode unknown), ``mysql:`` (stated, no lexing flag), ``mysql:ANSI_QUOTES``."""
+    if sql_mode is None:
+        return dialect
+    return dialect + ":" + ",".join(m for m in LEXING_MODES if m in sql_mode)
+
+
+DIALECT_OBJECTS: dict[str, Dialect] = {
+    "mysql": Dialect.get_or_raise("mysql"),
+    "mysql:": Dialect.get_or_raise("mysql"),
+    "mysql:ANSI_QUOTES": _AnsiQuotes(),
+    "mysql:NO_BACKSLASH_ESCAPES": _NoBackslashEscapes(),
+    "mysql:ANSI_QUOTES,NO_BACKSLASH_ESCAPES": _AnsiQuotesNoBackslashEscapes(),
+}
+"""sqlglot's reader per lexer key (``lexer_key``)."""
 
 # Lexical markers refused in the raw text, for every dialect (case-insensitive).
 _RAW_MARKERS = (
@@ -69,14 +111,16 @@ def raw_text_problems(text: str, dialect: str) -> None:
             )
 
 
-def tokenize(dialect: str, text: str) -> list[Token]:
-    """The tokens of ``text``, measured and checked; raise ``Refusal``."""
-    d = DIALECT_OBJECTS[dialect]
-    if dialect == "mysql" and "\\" in text:
+def tokenize(lexer: str, text: str, parameters: frozenset[str] = frozenset()) -> list[Token]:
+    """The tokens of ``text`` read by ``lexer`` (a ``lexer_key``), measured and checked
+    against the lexical allow-list; raise ``Refusal``."""
+    d = DIALECT_OBJECTS[lexer]
+    stated = ":" in lexer
+    if not stated and "\\" in text:
         raise Refusal.of(
             Denial.PARSE,
             "the SQL contains a backslash: MySQL lexes it differently depending on sql_mode "
-            "(NO_BACKSLASH_ESCAPES), so the gateway cannot know what the server would run",
+            "(NO_BACKSLASH_ESCAPES), which the rule does not state (sql_mode:)",
             "\\",
             **position(text, text.index("\\")),
         )
@@ -90,7 +134,10 @@ def tokenize(dialect: str, text: str) -> list[Token]:
         ) from None
     if not tokens or all(t.token_type is TokenType.SEMICOLON for t in tokens):
         raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-    _lexical_problems(dialect, text, tokens)
+    _measure(text, tokens)
+    _outside_strings(text, tokens)
+    _mode_dependent(text, tokens, stated)
+    _parameters(text, tokens, parameters)
     return tokens
 
 
@@ -98,8 +145,8 @@ def _where_token(text: str, token: Token) -> dict[str, Any]:
     return position(text, token.start)
 
 
-def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
-    """Refuse token streams that are too big, too deep, or that the database lexes otherwise."""
+def _measure(text: str, tokens: list[Token]) -> None:
+    """Refuse token streams that are too big or too deep."""
     if len(tokens) > MAX_TOKENS:
         raise Refusal.of(Denial.SIZE, f"the SQL has more than {MAX_TOKENS} tokens")
     depth = 0
@@ -126,29 +173,71 @@ def _lexical_problems(dialect: str, text: str, tokens: list[Token]) -> None:
                     )
         elif kind in _CLOSE:
             depth -= 1
-    if _ODD_CHARACTER.search(text) is not None:
-        _odd_characters(text, tokens)
-    if dialect == "postgres":
-        _postgres_lexing(text, tokens)
-    elif dialect == "mysql" and '"' in text:
-        for token in tokens:
-            if token.token_type is TokenType.STRING and text[token.start] == '"':
-                raise Refusal.of(
-                    Denial.PARSE,
-                    "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
-                    "identifier; use single quotes",
-                    '"',
-                    **_where_token(text, token),
-                )
 
 
-# Control characters and Unicode spaces: sqlglot splits tokens on every str.isspace()
-# character, PostgreSQL and SQLite read U+00A0, U+3000, U+2028 ... as identifier characters,
-# MySQL follows its character set. Refused outside string literals.
-_ODD_CHARACTER = re.compile(
-    "[\x01-\x08\x0b\x0c\x0e-\x1f\x7f\x85\xa0\u1680\u2000-\u200f\u2028\u2029\u202f"
-    "\u205f\u3000\ufeff]"
-)
+def _mode_dependent(text: str, tokens: list[Token], stated: bool) -> None:
+    """What reads otherwise under another sql_mode: refused unless the mode is stated; a
+    backslash outside a string in every mode."""
+    for token in tokens:
+        kind = token.token_type
+        if not stated and kind is TokenType.STRING and text[token.start] == '"':
+            raise Refusal.of(
+                Denial.PARSE,
+                "a double-quoted string: with sql_mode ANSI_QUOTES MySQL reads it as an "
+                "identifier; use single quotes, or state the server's sql_mode in the rule",
+                '"',
+                **_where_token(text, token),
+            )
+        if not stated and kind is TokenType.DPIPE:
+            raise Refusal.of(
+                Denial.PARSE,
+                "'||' is OR, or with sql_mode PIPES_AS_CONCAT a concatenation; use OR or "
+                "concat(), or state the server's sql_mode in the rule",
+                "||",
+                **_where_token(text, token),
+            )
+    if "\\" not in text:
+        return
+    spans = _string_spans(tokens)
+    for match in re.finditer(r"\\\\", text):
+        offset = match.start()
+        if not any(s <= offset <= e for s, e in spans):
+            raise Refusal.of(
+                Denial.PARSE,
+                "a backslash outside a string literal (MySQL reads \\N as NULL)",
+                "\\",
+                **position(text, offset),
+            )
+
+
+# Tokens sqlglot reads in MySQL text that MySQL has no use for there: ':name' (a parameter to
+# sqlglot) and '::' (a PostgreSQL cast to sqlglot) are syntax errors to MySQL.
+_FOREIGN = {TokenType.COLON: "':'", TokenType.DCOLON: "'::'"}
+
+
+def _parameters(text: str, tokens: list[Token], allowed: frozenset[str]) -> None:
+    for token in tokens:
+        foreign = _FOREIGN.get(token.token_type)
+        if foreign is not None:
+            raise Refusal.of(
+                Denial.PARSE,
+                f"{foreign} is not MySQL syntax here (sqlglot would read a parameter or a cast)",
+                token.text,
+                **_where_token(text, token),
+            )
+        if token.token_type is TokenType.PLACEHOLDER and token.text not in allowed:
+            raise Refusal.of(
+                Denial.PARSE,
+                f"a parameter {token.text!r}: the rule lists the parameter forms it allows "
+                f"(parameters: {sorted(allowed)})",
+                token.text,
+                **_where_token(text, token),
+            )
+
+
+# Outside string literals only printable ASCII, tab and line breaks: sqlglot splits tokens on
+# every str.isspace() character, MySQL reads by its character set.
+_NOT_PLAIN = re.compile(r"[^\t\n\r\x20-\x7e]")
 _STRING_TOKENS = frozenset(
     t
     for t in (
@@ -162,53 +251,21 @@ _STRING_TOKENS = frozenset(
 )  # fmt: skip
 
 
-def _odd_characters(text: str, tokens: list[Token]) -> None:
-    spans = [(t.start, t.end) for t in tokens if t.token_type in _STRING_TOKENS]
-    for match in _ODD_CHARACTER.finditer(text):
+def _string_spans(tokens: list[Token]) -> list[tuple[int, int]]:
+    return [(t.start, t.end) for t in tokens if t.token_type in _STRING_TOKENS]
+
+
+def _outside_strings(text: str, tokens: list[Token]) -> None:
+    if _NOT_PLAIN.search(text) is None:
+        return
+    spans = _string_spans(tokens)
+    for match in _NOT_PLAIN.finditer(text):
         offset = match.start()
         if not any(start <= offset <= end for start, end in spans):
             raise Refusal.of(
                 Denial.PARSE,
                 f"the SQL contains the character U+{ord(match.group()):04X} outside a string "
-                "literal; databases disagree on whether it separates words",
+                "literal; only ASCII is read there (names, comments and spaces included)",
                 f"U+{ord(match.group()):04X}",
                 **position(text, offset),
-            )
-
-
-# A prefilter: more than 63 UTF-8 bytes take at least 16 characters (4 bytes each at most).
-_LONG_WORD = re.compile(r'[^\s"()\[\],;.]{16,}|"(?:[^"]|""){16,}')
-
-
-def _postgres_lexing(text: str, tokens: list[Token]) -> None:
-    """U&"..." identifiers (sqlglot: 'U & "..."') and identifiers PostgreSQL truncates."""
-    if "&" in text:
-        for previous, token in zip(tokens, tokens[1:], strict=False):
-            if (
-                token.token_type is TokenType.IDENTIFIER
-                and previous.token_type is TokenType.AMP
-                and previous.start > 0
-                and text[previous.start - 1] in "uU"
-                and previous.end + 1 == token.start
-            ):
-                raise Refusal.of(
-                    Denial.PARSE,
-                    'a Unicode-escaped identifier U&"...": sqlglot reads it as \'U & "..."\', '
-                    "PostgreSQL decodes it",
-                    'U&"',
-                    **_where_token(text, token),
-                )
-    if _LONG_WORD.search(text) is None:
-        return  # no run of characters long enough to make a 64-byte identifier
-    for token in tokens:
-        if (
-            token.token_type in (TokenType.IDENTIFIER, TokenType.VAR)
-            and len(token.text.encode("utf-8")) > PG_MAX_IDENTIFIER_BYTES
-        ):
-            raise Refusal.of(
-                Denial.PARSE,
-                f"an identifier is longer than {PG_MAX_IDENTIFIER_BYTES} bytes, which "
-                "PostgreSQL would truncate",
-                token.text[:80],
-                **_where_token(text, token),
             )

@@ -23,8 +23,12 @@ MAX_JOINS = 64
 CHECK_BACKSTOP_SECONDS = 0.25
 """A check that takes longer is refused (sql_too_complex) and never cached, so a slow
 machine's stall is not remembered as a verdict."""
-PG_MAX_IDENTIFIER_BYTES = 63
-"""PostgreSQL silently truncates longer identifiers; sqlglot does not."""
+OFFLOAD_MIN_CHARS = 1024
+"""An uncached text at least this long is checked in a worker thread (``check_workers``),
+off the event loop. Measured uncached (bench/sql_bench.py --sizes): ~90 characters 0.2 ms
+(PostgreSQL) to 0.7 ms (MySQL), ~1.4 K 2-7 ms, ~11 K 21-126 ms; handing a check to a thread
+and back costs ~0.1-0.4 ms (a loaded 2-core box), so shorter texts stay inline.
+"""
 
 # --- the settings of a policy -------------------------------------------------------------------
 

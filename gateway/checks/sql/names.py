@@ -110,3 +110,22 @@ def is_catalog(table: TableName, dialect: str) -> bool:
     if dialect == "sqlite":
         return name.startswith("sqlite_")
     return db in ("mysql", "performance_schema", "sys")
+
+
+_PG_PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_identifier(name: str, dialect: str) -> str:
+    """``name`` as an identifier in ``dialect``'s SQL text: bare where the database reads the
+    bare word back as the same name (PostgreSQL: lower case, not a reserved keyword), quoted
+    otherwise (SQLite: always)."""
+    if dialect == "postgres":
+        from pglast.keywords import RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
+
+        if (
+            _PG_PLAIN.fullmatch(name)
+            and name not in RESERVED_KEYWORDS
+            and name not in TYPE_FUNC_NAME_KEYWORDS
+        ):
+            return name
+    return '"' + name.replace('"', '""') + '"'

@@ -1,4 +1,4 @@
-"""Tokens to trees: one parse per (dialect, text), identifiers normalised, kept in a bounded cache.
+"""(MySQL) Tokens to trees: one parse per (lexer, text), identifiers normalised, in a bounded cache.
 
 sqlglot parses ``""`` and ``";"`` to no statement without an error and ``SELEC * FRM t`` to
 an alias expression; what the trees are is decided by the rules, not here. A parse error is a
@@ -44,7 +44,9 @@ class Parsed:
     last_end: int  # offset of the last character of the last token that is not ';'
 
 
-_PARSES: Lru[tuple[str, str], Parsed | Refusal] = Lru(PARSE_CACHE_SIZE, PARSE_CACHE_CHARS)
+_PARSES: Lru[tuple[str, frozenset[str], str], Parsed | Refusal] = Lru(
+    PARSE_CACHE_SIZE, PARSE_CACHE_CHARS
+)
 
 
 def cache_info() -> dict[str, Any]:
@@ -61,9 +63,10 @@ def clear_parse_cache() -> None:
     _PARSES.clear()
 
 
-def _parse_uncached(dialect: str, text: str) -> Parsed:
-    tokens = tokenize(dialect, text)
-    d = DIALECT_OBJECTS[dialect]
+def _parse_uncached(lexer: str, text: str, parameters: frozenset[str]) -> Parsed:
+    tokens = tokenize(lexer, text, parameters)
+    d = DIALECT_OBJECTS[lexer]
+    dialect = lexer.partition(":")[0]
     try:
         statements = d.parser().parse(tokens, text)
         # Identifiers compared as the database compares them (PostgreSQL folds unquoted names
@@ -89,10 +92,12 @@ def _parse_uncached(dialect: str, text: str) -> Parsed:
     return Parsed(tuple(statements), MappingProxyType(quoted), last.end)
 
 
-def parse(dialect: str, text: str) -> Parsed:
-    """Tokenize, measure and parse ``text`` once per (dialect, text); raise ``Refusal``."""
+def parse(lexer: str, text: str, parameters: frozenset[str] = frozenset()) -> Parsed:
+    """Tokenize, measure and parse ``text`` once per (lexer, parameter forms, text), where
+    ``lexer`` is a ``lexing.lexer_key`` (the dialect and its lexing modes); raise
+    ``Refusal``."""
     cacheable = len(text) <= CACHE_MAX_TEXT
-    key = (dialect, text)
+    key = (lexer, parameters, text)
     if cacheable:
         hit = _PARSES.get(key)
         if hit is not None:
@@ -101,7 +106,7 @@ def parse(dialect: str, text: str) -> Parsed:
             return hit
     result: Parsed | Refusal
     try:
-        result = _parse_uncached(dialect, text)
+        result = _parse_uncached(lexer, text, parameters)
     except Refusal as refusal:
         result = refusal
     except RecursionError:

@@ -21,16 +21,17 @@ from sqlglot import exp
 from gateway.checks.sql import parsing, postgres, sqlite
 from gateway.checks.sql.cache import Lru
 from gateway.checks.sql.driver import check_statement
-from gateway.checks.sql.lexing import raw_text_problems
+from gateway.checks.sql.lexing import lexer_key, raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     CHECK_BACKSTOP_SECONDS,
     DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
+    OFFLOAD_MIN_CHARS,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.reading import Reading
+from gateway.checks.sql.reading import Reading, count_statements
 from gateway.checks.sql.settings import SqlRules, SqlSettings
 from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
@@ -84,6 +85,8 @@ class SqlPolicy(SqlRules):
         max_joins: int = DEFAULT_MAX_JOINS,
         server_version: int | None = None,
         standard_conforming_strings: bool | None = None,
+        sql_mode: str | None = None,
+        parameters: Iterable[str] = (),
         rule_id: str | None = None,
     ) -> SqlPolicy:
         """Build a policy from plain values; raise ``SqlSettingsError`` (a ValueError) naming
@@ -104,6 +107,8 @@ class SqlPolicy(SqlRules):
             max_joins=max_joins,
             server_version=server_version,
             standard_conforming_strings=standard_conforming_strings,
+            sql_mode=sql_mode,
+            parameters=tuple(parameters),
         )
         return cls.from_settings(settings, rule_id=rule_id)
 
@@ -158,6 +163,11 @@ class SqlPolicy(SqlRules):
             raise result.error(self.rule_id)
         return result
 
+    def costly(self, text: str) -> bool:
+        """Whether checking ``text`` may take long enough to belong off the event loop: it is
+        at least ``OFFLOAD_MIN_CHARS`` long and its verdict is not cached."""
+        return len(text) >= OFFLOAD_MIN_CHARS and text not in self._verdicts
+
     def cache_info(self) -> dict[str, int]:
         """Hits and misses of this policy's verdict cache."""
         return self._verdicts.info()
@@ -201,20 +211,13 @@ class SqlPolicy(SqlRules):
         return self._read_sqlglot(text)
 
     def _read_sqlglot(self, text: str) -> Reading:
-        parsed = parsing.parse(self.dialect, text)
+        parsed = parsing.parse(lexer_key(self.dialect, self.sql_mode), text, self.parameters)
         # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
         # the comment) run nothing; only real statements count.
         statements = [
             s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
         ]
-        if not statements:
-            raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-        if len(statements) > self.max_statements:
-            raise Refusal.of(
-                Denial.MULTIPLE,
-                f"the SQL has {len(statements)} statements; the rule allows {self.max_statements}",
-                str(len(statements)),
-            )
+        count_statements(len(statements), self.max_statements)
         reading = Reading(statements=len(statements), end=parsed.last_end + 1)
         for root in statements:
             statement = Statement(self, parsed, text, root)

@@ -42,7 +42,7 @@ from pglast import parser as pg_parser
 from gateway.checks.sql.limits import MAX_NESTING, MAX_NODES
 from gateway.checks.sql.names import TableName, is_catalog
 from gateway.checks.sql.options import SqlFamily, SqlKind
-from gateway.checks.sql.reading import Reading
+from gateway.checks.sql.reading import Reading, count_statements
 from gateway.checks.sql.violations import Denial, Refusal, Violation, at, position, ranked
 
 if TYPE_CHECKING:
@@ -879,14 +879,7 @@ def read(rules: SqlRules, text: str) -> Reading:
     except orjson.JSONDecodeError:
         raise Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked") from None
     statements = [s["stmt"] for s in tree.get("stmts", ())]
-    if not statements:
-        raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-    if len(statements) > rules.max_statements:
-        raise Refusal.of(
-            Denial.MULTIPLE,
-            f"the SQL has {len(statements)} statements; the rule allows {rules.max_statements}",
-            str(len(statements)),
-        )
+    count_statements(len(statements), rules.max_statements)
     reading = Reading(statements=len(statements))
     for root in statements:
         reader = _Reader(rules, text, reading)

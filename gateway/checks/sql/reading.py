@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.checks.sql.violations import Denial, Refusal
+
 
 @dataclass(slots=True)
 class Reading:
@@ -22,3 +24,16 @@ class Reading:
     statements: int = 1
     missing_limit: bool = False  # the outermost query has no LIMIT and the rule needs one
     end: int = -1  # offset just after the last token in code; -1: no safe place for a LIMIT
+
+
+def count_statements(found: int, allowed: int) -> None:
+    """Refuse a text of no statement, or of more than ``allowed`` (the rule's
+    ``max_statements``), as every authority counts them."""
+    if not found:
+        raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
+    if found > allowed:
+        raise Refusal.of(
+            Denial.MULTIPLE,
+            f"the SQL has {found} statements; the rule allows {allowed}",
+            str(found),
+        )

@@ -38,6 +38,41 @@ from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, S
 from gateway.checks.sql.postgres import PARSER_MAJOR, PGLAST_VERSION
 
 _KINDS = tuple(k.value for k in SqlKind)
+
+MYSQL_MODES = frozenset(
+    {
+        "ALLOW_INVALID_DATES", "ANSI_QUOTES", "EMPTY_STRING_IS_NULL",
+        "ERROR_FOR_DIVISION_BY_ZERO", "HIGH_NOT_PRECEDENCE", "IGNORE_BAD_TABLE_OPTIONS",
+        "IGNORE_SPACE", "NO_AUTO_CREATE_USER", "NO_AUTO_VALUE_ON_ZERO", "NO_BACKSLASH_ESCAPES",
+        "NO_DIR_IN_CREATE", "NO_ENGINE_SUBSTITUTION", "NO_FIELD_OPTIONS", "NO_KEY_OPTIONS",
+        "NO_TABLE_OPTIONS", "NO_UNSIGNED_SUBTRACTION", "NO_ZERO_DATE", "NO_ZERO_IN_DATE",
+        "ONLY_FULL_GROUP_BY", "PAD_CHAR_TO_FULL_LENGTH", "PIPES_AS_CONCAT", "REAL_AS_FLOAT",
+        "SIMULTANEOUS_ASSIGNMENT", "STRICT_ALL_TABLES", "STRICT_TRANS_TABLES",
+        "TIME_TRUNCATE_FRACTIONAL", "TIME_ROUND_FRACTIONAL",
+    }
+)  # fmt: skip
+"""MySQL 8 and MariaDB sql_mode flags (what matters to capgate's reading: ANSI_QUOTES and
+NO_BACKSLASH_ESCAPES change the tokens, PIPES_AS_CONCAT what '||' is)."""
+MYSQL_COMBINED_MODES = {
+    "ANSI": frozenset(
+        {"REAL_AS_FLOAT", "PIPES_AS_CONCAT", "ANSI_QUOTES", "IGNORE_SPACE", "ONLY_FULL_GROUP_BY"}
+    ),
+    "TRADITIONAL": frozenset(
+        {
+            "STRICT_TRANS_TABLES",
+            "STRICT_ALL_TABLES",
+            "NO_ZERO_IN_DATE",
+            "NO_ZERO_DATE",
+            "ERROR_FOR_DIVISION_BY_ZERO",
+            "NO_ENGINE_SUBSTITUTION",
+        }
+    ),  # fmt: skip
+}
+MYSQL_GRAMMAR_MODES = frozenset(
+    {"ORACLE", "MSSQL", "DB2", "MAXDB", "POSTGRESQL", "MYSQL323", "MYSQL40"}
+)
+"""MariaDB's compatibility modes change the grammar itself (PL/SQL blocks, other quoting)."""
+MYSQL_PARAMETER_FORMS = frozenset({"?"})
 _FAMILIES = tuple(f.value for f in SqlFamily)
 
 
@@ -95,6 +130,8 @@ class SqlRules:
     max_joins: int = DEFAULT_MAX_JOINS
     server_version: int | None = None  # PostgreSQL: the server's major version
     standard_conforming_strings: bool | None = None  # PostgreSQL: None when not stated
+    sql_mode: frozenset[str] | None = None  # MySQL: the server's sql_mode; None: not stated
+    parameters: frozenset[str] = frozenset()  # MySQL: the parameter forms allowed ("?")
 
     def canonical(self, table: TableName) -> TableName:
         """``table`` as the rules name it: in ``default_schema`` when it names no schema."""
@@ -120,6 +157,8 @@ class SqlSettings:
     max_joins: int = DEFAULT_MAX_JOINS
     server_version: int | None = None
     standard_conforming_strings: bool | None = None
+    sql_mode: str | None = None
+    parameters: Sequence[str] = ()
     unread: frozenset[str] = frozenset()
     """Keys a reader could not read in full (and has said why): their own checks are skipped,
     and settings with any such key are never valid."""
@@ -140,6 +179,7 @@ class SqlSettings:
         self._limits(found)
         functions = self._functions(found)
         self._authority(dialect, allowed, columns, found)
+        modes = self._mysql(dialect, found)
         if found or self.unread:
             raise SqlSettingsError(found, self.unread)
         assert dialect is not None  # else a problem, or 'dialect' unread
@@ -160,6 +200,8 @@ class SqlSettings:
             max_joins=self.max_joins,
             server_version=self.server_version,
             standard_conforming_strings=self.standard_conforming_strings,
+            sql_mode=modes,
+            parameters=frozenset(self.parameters),
         )
 
     # -- one setting (or a few that belong together) each; None: not judged -----------------
@@ -349,6 +391,36 @@ class SqlSettings:
                 f"{parser}: install the pglast major that embeds PostgreSQL "
                 f"{self.server_version}'s parser (see README, 'SQL checks')",
             )
+
+    def _mysql(self, dialect: str | None, found: _Problems) -> frozenset[str] | None:
+        """MySQL's ``sql_mode`` (as ``SELECT @@GLOBAL.sql_mode`` prints it) and the
+        parameter forms; both MySQL settings only."""
+        if dialect != "mysql":
+            for key in ("sql_mode", "parameters"):
+                if getattr(self, key) not in (None, ()) and key not in self.unread:
+                    found.add(key, "is a MySQL setting (dialect: mysql)")
+            return None
+        for i, form in enumerate(self.parameters):
+            if form not in MYSQL_PARAMETER_FORMS:
+                found.add("parameters", f"{form!r}: MySQL's parameter form is '?'", i)
+        if self.sql_mode is None or "sql_mode" in self.unread:
+            return None
+        modes: set[str] = set()
+        for name in (m.strip().upper() for m in self.sql_mode.split(",")):
+            if not name:
+                continue
+            if name in MYSQL_GRAMMAR_MODES:
+                found.add(
+                    "sql_mode",
+                    f"{name} changes MySQL's grammar beyond what capgate reads; not supported",
+                )
+            elif name in MYSQL_COMBINED_MODES:
+                modes |= MYSQL_COMBINED_MODES[name]
+            elif name in MYSQL_MODES:
+                modes.add(name)
+            else:
+                found.add("sql_mode", f"{name!r} is not a MySQL or MariaDB sql_mode")
+        return frozenset(modes)
 
     def _functions(self, found: _Problems) -> set[str]:
         functions: set[str] = set()

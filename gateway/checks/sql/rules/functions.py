@@ -46,28 +46,24 @@ _SAFE_OPERATORS = frozenset(
 
 
 def function_name(statement: Statement, node: exp.Func) -> tuple[str, bool]:
-    """(name as the database resolves it, whether it came from the source text)."""
-    quoted = False
+    """(name as MySQL resolves it, whether it came from the source text)."""
     if isinstance(node, _OPERATOR_BASES):
         return node.key, False
     if isinstance(node, exp.Anonymous):
         this = node.this
         name = this.name if isinstance(this, exp.Identifier) else str(this)
-        quoted = isinstance(this, exp.Identifier) and bool(this.quoted)
         from_text = True
     else:
         start, end = node.meta.get("start"), node.meta.get("end")
         if isinstance(start, int) and isinstance(end, int):
             if start in statement.parsed.quoted:
-                name, quoted = statement.parsed.quoted[start], True
+                name = statement.parsed.quoted[start]
             else:
                 name = statement.text[start : end + 1]
             from_text = True
         else:
             name, from_text = node.key, False
-    if quoted and statement.dialect == "postgres":
-        return name, from_text  # a quoted name is exact in PostgreSQL: "LOWER" is not lower
-    return name.lower(), from_text
+    return name.lower(), from_text  # MySQL function names ignore case, quoted or not
 
 
 def function_problem(statement: Statement, node: exp.Func) -> Violation | None:

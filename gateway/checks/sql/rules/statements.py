@@ -54,6 +54,8 @@ INSPECTED: tuple[type[exp.Expr], ...] = (
     exp.Lock,
     exp.SessionParameter,
     exp.PropertyEQ,
+    exp.Subquery,
+    exp.Select,
 )
 
 
@@ -78,6 +80,8 @@ def check_root(statement: Statement) -> None:
         if isinstance(root, exp.Subquery) and not isinstance(root.unnest(), exp.Query):
             raise Refusal.of(Denial.STATEMENT, "the SQL is not a statement", root.key)
         kind = SqlKind.SELECT
+        if isinstance(root, exp.Select) and not root.expressions:
+            raise Refusal.of(Denial.PARSE, "a SELECT with nothing to select", "select")
     else:
         found = _KIND_OF.get(type(root))
         if found is None:
@@ -98,9 +102,36 @@ def check_root(statement: Statement) -> None:
         )
 
 
+def _empty_select(statement: Statement, node: exp.Select) -> Violation | None:
+    """``SELECT FROM t``: sqlglot reads a select of nothing, the database refuses it."""
+    if node.expressions:
+        return None
+    where = statement.where(node)
+    return Violation(Denial.PARSE, f"a SELECT with nothing to select{at(where)}", "select", **where)
+
+
+def _aliased_table(statement: Statement, node: exp.Subquery) -> Violation | None:
+    """``FROM (a JOIN b) AS j``: a derived table with no select list, whose alias would
+    stand for every column of the tables inside (and which MySQL refuses)."""
+    if isinstance(node.this, exp.Query) or not node.args.get("alias"):
+        return None
+    where = statement.where(node)
+    return Violation(
+        Denial.PARSE,
+        f"an alias on a parenthesized table or join{at(where)}: MySQL does not accept it; "
+        "name the tables inside instead",
+        "(...) AS",
+        **where,
+    )
+
+
 def inspect_problem(statement: Statement, node: exp.Expr) -> Violation | None:
     """A node below the root that is a statement, INTO, a locking clause or a variable."""
     allow = statement.rules.allow
+    if isinstance(node, exp.Subquery):
+        return _aliased_table(statement, node)
+    if isinstance(node, exp.Select):
+        return _empty_select(statement, node)
     if isinstance(node, _UTILITY):  # exp.Command is one of them
         where = statement.where(node)
         return Violation(

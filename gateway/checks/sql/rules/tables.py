@@ -39,6 +39,17 @@ def check_tables(statement: Statement, tree: exp.Expr) -> list[exp.Table]:
         if isinstance(this, exp.Parameter | exp.Placeholder) and isinstance(table.parent, exp.Into):
             continue  # INTO @variable: refused (or allowed) as INTO
         where = statement.where(table)
+        alias = table.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and not isinstance(alias.this, exp.Identifier | None):
+            violations.append(
+                Violation(
+                    Denial.PARSE,
+                    f"the alias of {table.name}{at(where)} is not a name (MySQL refuses it)",
+                    alias.sql(dialect=statement.dialect)[:80],
+                    **where,
+                )
+            )
+            continue
         if not isinstance(this, exp.Identifier):
             violations.append(
                 Violation(

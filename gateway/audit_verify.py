@@ -1,0 +1,255 @@
+"""``capgate audit verify``: the chain, the signed checkpoints, the tail, and the anchor.
+
+What is checked, in order, over one or more files given oldest first (a rotated trail):
+
+1. every line is whole (ends with a newline), JSON, and its ``prev`` is the SHA-256 of the
+   line before (across files); the first line starts a chain (``prev`` is 64 zeros) or is a
+   signed checkpoint continuing one (a rotated file);
+2. every checkpoint is signed by a key of the audit JWKS, and (but for a ``start``) counts
+   the lines since the checkpoint before it: an edit, deletion, insertion or reordering
+   whose chain was recomputed breaks the first checkpoint after it;
+3. the tail: the trail ends with a ``shutdown`` checkpoint, or the caller says the tail may
+   be open (after a crash); lines after the last checkpoint are covered by no signature;
+4. with an anchor: the latest checkpoint the anchor holds for these gateways is in the
+   trail (otherwise the tail was cut or rewritten after it).
+
+The result says what was verified and what could not be (``Report.statement``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from gateway.audit_sign import signature_ok
+from gateway.audit_trail import GENESIS
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass
+class Report:
+    files: list[str]
+    lines: int = 0
+    legacy_lines: int = 0
+    checkpoints: int = 0
+    kids: set[str] = field(default_factory=set)
+    gateways: set[str] = field(default_factory=set)
+    last_checkpoint: tuple[str, int, str] | None = None  # file, line, kind
+    after_checkpoint: int = 0  # lines after the last checkpoint
+    problem: Problem | None = None
+    notes: list[str] = field(default_factory=list)  # what could not be verified
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def statement(self) -> dict[str, Any]:
+        return {
+            "verified": self.ok,
+            "files": self.files,
+            "lines": self.lines,
+            "checkpoints": self.checkpoints,
+            "signing_keys": sorted(self.kids),
+            "gateways": sorted(self.gateways),
+            "last_checkpoint": (
+                None
+                if self.last_checkpoint is None
+                else {
+                    "file": self.last_checkpoint[0],
+                    "line": self.last_checkpoint[1],
+                    "kind": self.last_checkpoint[2],
+                }
+            ),
+            "problem": str(self.problem) if self.problem else None,
+            "not_verified": self.notes,
+        }
+
+
+class _Walk:
+    """The state of one pass over the files."""
+
+    def __init__(self, keys: Mapping[str, ed25519.Ed25519PublicKey] | None) -> None:
+        self.keys = keys
+        self.prev: str | None = None  # None: before the first line
+        self.since = 0  # lines since the last checkpoint
+        self.checkpoint_hashes: dict[str, tuple[str, int]] = {}
+        self.last_kind: str | None = None
+        self.position: tuple[str, int] = ("", 0)
+
+
+def verify_trail(
+    paths: Sequence[str | Path],
+    keys: Mapping[str, ed25519.Ed25519PublicKey] | None,
+    *,
+    anchor: Sequence[Mapping[str, Any]] | None = None,
+    open_tail: bool = False,
+) -> Report:
+    """Check ``paths`` (oldest first) as one trail; OSError if a file cannot be read."""
+    report = Report(files=[str(p) for p in paths])
+    walk = _Walk(keys)
+    for path in paths:
+        name = str(path)
+        with Path(path).open("rb") as fh:
+            raws = fh.readlines()
+        for number, raw in enumerate(raws, start=1):
+            walk.position = (name, number)
+            last = path is paths[-1] and number == len(raws)
+            message = _line(report, walk, raw, last_of_all=last, open_tail=open_tail)
+            if message is not None:
+                report.problem = Problem(name, number, message)
+                return report
+    _tail(report, walk, open_tail)
+    if report.problem is None and anchor is not None:
+        _anchor(report, walk, anchor)
+    if anchor is None:
+        report.notes.append(
+            "no anchor given: a trail cut back to an earlier shutdown checkpoint cannot be "
+            "told from a whole one (pass --anchor)"
+        )
+    if report.legacy_lines:
+        report.notes.append(
+            f"{report.legacy_lines} lines of format 1 (before signed checkpoints) are covered "
+            "by the hash chain only"
+        )
+    return report
+
+
+def _line(
+    report: Report, walk: _Walk, raw: bytes, *, last_of_all: bool, open_tail: bool
+) -> str | None:
+    if not raw.endswith(b"\n"):
+        if last_of_all and open_tail:
+            report.notes.append("a torn last line (a crash mid-write) was not counted")
+            return None
+        return "a torn line (no newline): the file was cut mid-line"
+    line = raw[:-1]
+    if not line:
+        return "empty line"
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "not valid JSON"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    kind = record.get("type")
+    if walk.prev is None:
+        if record.get("prev") != GENESIS:
+            if kind != "checkpoint":
+                return (
+                    "the first line neither starts a chain nor is a signed checkpoint: "
+                    "lines before it are missing"
+                )
+            report.notes.append(
+                f"the first file continues a chain from an earlier file not given "
+                f"(line hash {str(record.get('prev'))[:16]}...)"
+            )
+    elif record.get("prev") != walk.prev:
+        return (
+            "hash chain broken: 'prev' does not match the line before (that line was "
+            "changed, or lines were removed, inserted or reordered here)"
+        )
+    if kind == "checkpoint":
+        problem = _checkpoint(report, walk, record, line)
+        if problem is not None:
+            return problem
+    else:
+        walk.since += 1
+        if kind is None:
+            report.legacy_lines += 1
+    walk.prev = hashlib.sha256(line).hexdigest()
+    report.lines += 1
+    if kind == "checkpoint":
+        walk.checkpoint_hashes[walk.prev] = walk.position
+    return None
+
+
+def _checkpoint(report: Report, walk: _Walk, record: dict[str, Any], line: bytes) -> str | None:
+    kid = record.get("kid")
+    if walk.keys is None:
+        return "a signed checkpoint, but no audit keys to check it with (pass --jwks)"
+    key = walk.keys.get(kid) if isinstance(kid, str) else None
+    if key is None:
+        return f"checkpoint signed by a key not in the audit JWKS (kid {kid!r}): forged?"
+    if not signature_ok(key, line):
+        return (
+            "checkpoint signature does not verify: this checkpoint was forged or edited, or "
+            "a line since the checkpoint before it was changed and the chain recomputed"
+        )
+    kind = str(record.get("kind"))
+    if kind != "start" and record.get("lines") != walk.since:
+        return (
+            f"checkpoint counts {record.get('lines')} lines since the checkpoint before it; "
+            f"the file has {walk.since}: lines were removed or added and the chain recomputed"
+        )
+    report.checkpoints += 1
+    report.kids.add(kid)  # type: ignore[arg-type]
+    if record.get("gateway"):
+        report.gateways.add(str(record["gateway"]))
+    report.last_checkpoint = (*walk.position, kind)
+    walk.since = 0
+    walk.last_kind = kind
+    return None
+
+
+def _tail(report: Report, walk: _Walk, open_tail: bool) -> None:
+    report.after_checkpoint = walk.since
+    closed = walk.last_kind == "shutdown" and walk.since == 0
+    if closed:
+        return
+    file, number = walk.position
+    where = (
+        "no checkpoint at all"
+        if report.last_checkpoint is None
+        else f"{walk.since} line(s) after the {report.last_checkpoint[2]} checkpoint at "
+        f"line {report.last_checkpoint[1]}"
+    )
+    if open_tail:
+        report.notes.append(
+            f"the tail is open ({where}): those lines are covered by no signature, and "
+            "lines after them may have been cut"
+        )
+        return
+    report.problem = Problem(
+        file,
+        number + 1,
+        f"the trail does not end with a shutdown checkpoint ({where}): its tail may have "
+        "been cut here; after a crash, pass --open-tail",
+    )
+
+
+def _anchor(report: Report, walk: _Walk, entries: Sequence[Mapping[str, Any]]) -> None:
+    mine = [e for e in entries if not report.gateways or e.get("gateway") in report.gateways]
+    if not mine:
+        report.notes.append("the anchor holds no checkpoint of these gateways")
+        return
+    latest = mine[-1]
+    found = walk.checkpoint_hashes.get(str(latest.get("hash")))
+    file, number = walk.position
+    if found is None:
+        report.problem = Problem(
+            file,
+            number + 1,
+            f"the anchor's latest checkpoint ({latest.get('kind')} at {latest.get('time')}, "
+            f"hash {str(latest.get('hash'))[:16]}...) is not in the trail: its tail was cut "
+            "or rewritten after it",
+        )
+        return
+    report.notes.append(
+        f"the anchor's latest checkpoint is {found[0]}:{found[1]} ({latest.get('kind')} at "
+        f"{latest.get('time')})"
+    )

@@ -1,0 +1,210 @@
+"""``capgate audit verify`` and ``capgate audit query``.
+
+Both read files of either format (1: one line per call; 2: typed lines, ``docs/audit.md``),
+oldest first when a trail was rotated, and say what was verified and what could not be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.audit_anchor import read_anchor
+from gateway.audit_sign import load_verify_keys
+from gateway.audit_trail import call_records
+from gateway.audit_verify import Report, verify_trail
+from gateway.errors import ConfigError
+
+EXIT_OK, EXIT_NEGATIVE = 0, 1
+
+TABLE_COLUMNS = (
+    "time",
+    "agent",
+    "run",
+    "decision",
+    "reason",
+    "status",
+    "method",
+    "path",
+    "rule",
+    "request_id",
+)
+
+
+def add_audit_parsers(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    a = sub.add_parser("audit", help="the audit trail")
+    asub = a.add_subparsers(dest="audit_command", required=True, parser_class=parser_class)
+    av = asub.add_parser(
+        "verify", help="check the chain, the signed checkpoints, the tail and the anchor"
+    )
+    av.add_argument("files", nargs="+", type=Path, help="the trail's files, oldest first")
+    _trust_options(av)
+    av.add_argument("--format", choices=["text", "json"], default="text")
+    aq = asub.add_parser("query", help="the calls that match, and what was verified")
+    aq.add_argument("files", nargs="+", type=Path, help="the trail's files, oldest first")
+    aq.add_argument("--agent")
+    aq.add_argument("--run")
+    aq.add_argument("--since", help="ISO 8601 time, e.g. 2026-12-01T09:00Z")
+    aq.add_argument("--until", help="ISO 8601 time")
+    aq.add_argument("--upstream")
+    aq.add_argument("--path-prefix", dest="path_prefix", help="e.g. /db/query")
+    aq.add_argument("--decision", choices=["allow", "deny"])
+    aq.add_argument("--reason")
+    aq.add_argument("--rule")
+    aq.add_argument("--format", choices=["table", "json"], default="table")
+    _trust_options(aq)
+
+
+def _trust_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--jwks",
+        type=Path,
+        help="the audit's public keys (default: FILE.jwks.json beside the first file; a copy "
+        "kept outside the sandbox proves more)",
+    )
+    p.add_argument("--anchor", help="the anchor's copy: a file (file:PATH) or a redis:// URL")
+    p.add_argument(
+        "--open-tail",
+        dest="open_tail",
+        action="store_true",
+        help="accept a trail that does not end with a shutdown checkpoint (after a crash)",
+    )
+
+
+class AuditCliError(Exception):
+    """Bad input for an audit command (one line, exit 2)."""
+
+
+def _verify(args: argparse.Namespace) -> Report:
+    files: Sequence[Path] = args.files
+    jwks = args.jwks
+    if jwks is None:
+        # Beside the live file (the last given; a rotated file's name has a suffix).
+        for f in reversed(files):
+            beside = f.with_name(f.name.split(".jsonl")[0] + ".jsonl.jwks.json")
+            for candidate in (f.with_name(f.name + ".jwks.json"), beside):
+                if jwks is None and candidate.exists():
+                    jwks = candidate
+    keys = None
+    if jwks is not None:
+        try:
+            keys = load_verify_keys(jwks)
+        except ConfigError as exc:
+            raise AuditCliError(str(exc)) from None
+    anchor = None
+    if args.anchor is not None:
+        try:
+            anchor = read_anchor(args.anchor)
+        except (OSError, ValueError) as exc:
+            raise AuditCliError(f"--anchor {args.anchor}: {exc}") from None
+        except Exception as exc:  # redis errors: one line, not a traceback
+            raise AuditCliError(f"--anchor {args.anchor}: {type(exc).__name__}: {exc}") from None
+    try:
+        report = verify_trail(files, keys, anchor=anchor, open_tail=args.open_tail)
+    except OSError as exc:
+        raise AuditCliError(f"{exc.filename}: {exc.strerror}") from None
+    if jwks is not None and args.jwks is None:
+        report.notes.append(
+            f"signing keys read from beside the trail ({jwks}): they prove nothing against "
+            "whoever could write both; pass --jwks with a copy kept elsewhere"
+        )
+    return report
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    report = _verify(args)
+    if args.format == "json":
+        print(json.dumps(report.statement(), indent=2))
+        return EXIT_OK if report.ok else EXIT_NEGATIVE
+    if report.problem is not None:
+        print(f"{report.problem} ({report.lines} lines verified before it)")
+    else:
+        names = ", ".join(str(f) for f in args.files)
+        keys = ", ".join(sorted(report.kids)) or "none"
+        print(
+            f"{names}: ok, {report.lines} lines, {report.checkpoints} signed checkpoints "
+            f"(keys: {keys}), hash chain intact"
+        )
+    for note in report.notes:
+        print(f"  not verified: {note}")
+    return EXIT_OK if report.ok else EXIT_NEGATIVE
+
+
+def _time(text: str, flag: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise AuditCliError(
+            f"{flag} has value {text!r}; expected an ISO 8601 time such as 2026-12-01T09:00Z"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _matches(record: Mapping[str, Any], args: argparse.Namespace, window: Any) -> bool:
+    for name in ("agent", "run", "upstream", "decision", "reason", "rule"):
+        wanted = getattr(args, name)
+        if wanted is not None and record.get(name) != wanted:
+            return False
+    if args.path_prefix is not None and not str(record.get("path", "")).startswith(
+        args.path_prefix
+    ):
+        return False
+    since, until = window
+    if since is not None or until is not None:
+        try:
+            moment = datetime.fromisoformat(str(record.get("time")))
+        except ValueError:
+            return False
+        if (since is not None and moment < since) or (until is not None and moment > until):
+            return False
+    return True
+
+
+def cmd_audit_query(args: argparse.Namespace) -> int:
+    window = (
+        _time(args.since, "--since") if args.since else None,
+        _time(args.until, "--until") if args.until else None,
+    )
+    report = _verify(args)
+    lines: list[dict[str, Any]] = []
+    for path in args.files:
+        with Path(path).open("rb") as fh:
+            for raw in fh:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue  # verify names it
+                if isinstance(record, dict):
+                    lines.append(record)
+    found = [r for r in call_records(lines) if _matches(r, args, window)]
+    statement = report.statement()
+    if args.format == "json":
+        print(json.dumps({"matches": found, "verification": statement}, indent=2))
+    else:
+        _table(found)
+        print()
+        verdict = "verified" if report.ok else f"NOT verified: {report.problem}"
+        print(
+            f"{len(found)} matching call(s) in {report.lines} lines of {len(args.files)} "
+            f"file(s); trail {verdict}; {report.checkpoints} signed checkpoints, keys "
+            f"{', '.join(sorted(report.kids)) or 'none'}"
+        )
+        for note in report.notes:
+            print(f"  not verified: {note}")
+    return EXIT_OK if report.ok else EXIT_NEGATIVE
+
+
+def _table(records: Sequence[Mapping[str, Any]]) -> None:
+    rows = [[_cell(r.get(c)) for c in TABLE_COLUMNS] for r in records]
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(TABLE_COLUMNS)]
+    print("  ".join(c.ljust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)

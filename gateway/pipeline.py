@@ -212,11 +212,12 @@ class Pipeline:
         assert call.upstream is not None and call.claims is not None
         up, agent = call.upstream, call.claims.agent
         shares = self.upstream_shares.of(up.name, up.concurrency, up.per_agent)
-        try:
-            await shares.acquire(agent, wait=up.connect_timeout)
-        except GatewayError as exc:
-            call.error = exc
-            return await self.respond(call)
+        if not shares.try_acquire(agent):  # the common case takes a slot without a coroutine
+            try:
+                await shares.acquire(agent, wait=up.connect_timeout)
+            except GatewayError as exc:
+                call.error = exc
+                return await self.respond(call)
         try:
             try:
                 # A revocation that arrived since the token was checked still stops it.

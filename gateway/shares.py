@@ -90,6 +90,8 @@ class Shares:
 
     def _wake(self) -> None:
         """Hand freed slots to the first waiters that can take them (arrival order)."""
+        if not self._waiters:
+            return
         for waiter in list(self._waiters):
             if self._total >= self.capacity:
                 return

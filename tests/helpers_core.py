@@ -32,11 +32,15 @@ from gateway.tokens import TOKEN_TYPE, Keyset, TokenSettings, TokenVerifier, key
 
 # --- hypothesis -------------------------------------------------------------------------------
 
+# CI runs the fast profile with a fixed seed, so a landing never hinges on a draw; local runs
+# keep exploring new examples each time.
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1")
 settings.register_profile(
     "fast",
     max_examples=200,
     deadline=None,
     database=None,
+    derandomize=IN_CI,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(

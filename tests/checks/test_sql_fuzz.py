@@ -24,6 +24,7 @@ DEEP = os.environ.get("CAPGATE_FUZZ") == "deep"
 FUZZ = settings(
     max_examples=4000 if DEEP else 150,
     deadline=None,
+    derandomize=not DEEP and os.environ.get("CI", "").lower() in ("true", "1"),
     suppress_health_check=[HealthCheck.too_slow],
 )
 

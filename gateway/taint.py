@@ -73,7 +73,9 @@ class Taints:
         self._mine[key] = kept
         if len(self._mine) > REMEMBERED:
             self._mine.popitem(last=False)
-        if kept is cause and self.on_taint is not None:
+        # Ours when the store kept this cause (Redis hands back its own copy, equal, not the
+        # same object): only the call that tainted the run announces it.
+        if kept == cause and self.on_taint is not None:
             self.on_taint({"type": "taint", "key": key, **cause})
 
     async def of(self, key: str) -> dict[str, Any] | None:

@@ -215,11 +215,12 @@ async def test_the_admin_api_shows_a_runs_taint_and_its_cause(
     workspace: Workspace,
     policy_file: Path,
     mocks: Mocks,
+    backend: str,
 ) -> None:
     from gateway.admin import create_admin_app
     from tests.test_admin import conforms
 
-    gw, client = await make(serve_gateway, settings, workspace, policy_file)
+    gw, client = await make(serve_gateway, settings, workspace, policy_file, state=backend)
     admin = await aiohttp_client(create_admin_app(gw, gw.operators))
     auth = {"Authorization": "Bearer admin-token-0123456789abcdef"}
     resp = await admin.get("/taint?run=run-t", headers=auth)

@@ -16,12 +16,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from aiohttp import web
 
@@ -638,8 +639,11 @@ async def serve(
     settings: Settings,
     environ: Mapping[str, str],
     on_ready: Callable[[str], None] | None = None,
-) -> None:
-    """Run until SIGTERM/SIGINT; then stop accepting, let calls finish (bounded), flush."""
+    *,
+    listen: Listen | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or until ``listen.main`` returns); then stop accepting, let
+    calls finish (bounded), flush. Returns ``listen.main``'s result, else 0."""
     gw = build_gateway(settings, environ)
     async with running(gw):
         # What start-up built (modules, the policy, keys) lives as long as the process: keep
@@ -647,8 +651,22 @@ async def serve(
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        await _listen(gw, settings, on_ready)
+        code = await _listen(gw, settings, on_ready, listen or Listen())
     log.info("stopped; audit lines written: %d", gw.audit.lines_written)
+    return code
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where agents' calls come in, and what runs while they do: by default the configured
+    host and port until SIGTERM/SIGINT; ``capgate sandbox run`` gives a socket made inside the
+    sandbox's network namespace and the sandboxed command (``main``), whose result ends the
+    gateway and becomes its exit status. The ready line goes to ``announce``."""
+
+    sock: socket.socket | None = None
+    url: str | None = None  # how agents reach ``sock``
+    main: Callable[[asyncio.Event], Awaitable[int]] | None = None
+    announce: TextIO | None = None  # None: standard output
 
 
 CANCEL_WAIT = 0.5
@@ -692,14 +710,20 @@ async def _listen(
     gw: Gateway,
     settings: Settings,
     on_ready: Callable[[str], None] | None,
-) -> None:
-    """Listen for agents (and operators) until SIGTERM/SIGINT; then drain, bounded."""
+    listen: Listen,
+) -> int:
+    """Listen for agents (and operators) until SIGTERM/SIGINT or ``listen.main`` ends; then
+    drain, bounded."""
     _fit_connections(gw)
     # The grace is kept here (``_drain``); aiohttp's own shutdown then only cancels what is
     # left, briefly, so SIGTERM ends within the grace and a second.
     runner = web.ServerRunner(create_server(gw), handle_signals=False, shutdown_timeout=CANCEL_WAIT)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+    site: web.BaseSite = (
+        web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        if listen.sock is None
+        else web.SockSite(runner, listen.sock)
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -725,14 +749,15 @@ async def _listen(
                 f"cannot listen on {settings.host}:{settings.admin_port} (admin): {exc.strerror}"
             ) from exc
     port = runner.addresses[0][1] if runner.addresses else settings.port  # real port for 0
+    url = listen.url or f"http://{settings.host}:{port}"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ready = {
         "ready": True,
-        "url": f"http://{settings.host}:{port}",
-        "health": f"http://{settings.host}:{port}{HEALTH_PATH}",
+        "url": url,
+        "health": f"{url}{HEALTH_PATH}",
         "policy": str(settings.policy),
         "state": gw.state.backend,
         "admin": (
@@ -740,11 +765,19 @@ async def _listen(
         ),
         "pid": os.getpid(),
     }
-    print(f"capgate {__version__} listening {json.dumps(ready)}", flush=True)
+    print(
+        f"capgate {__version__} listening {json.dumps(ready)}",
+        file=listen.announce or sys.stdout,
+        flush=True,
+    )
     if on_ready is not None:
-        on_ready(str(ready["url"]))
+        on_ready(url)
+    code = 0
     try:
-        await stop.wait()
+        if listen.main is None:
+            await stop.wait()
+        else:
+            code = await listen.main(stop)
         log.info(
             "shutting down: no new calls; waiting up to %ss for calls in flight",
             settings.shutdown_grace,
@@ -760,3 +793,4 @@ async def _listen(
         await runner.cleanup()
         if admin_runner is not None:
             await admin_runner.cleanup()
+    return code

@@ -247,8 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     from gateway.commands.audit import add_audit_parsers
+    from gateway.commands.sandbox import add_sandbox_parser
 
     add_audit_parsers(sub, _Parser)
+    add_sandbox_parser(sub, _Parser, serve=s)
 
     r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
     g = r.add_mutually_exclusive_group(required=True)
@@ -263,10 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 # --- commands -------------------------------------------------------------------------------
 
 
-def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from gateway.app import configure_logging, serve
-    from gateway.config import load_settings
-
+def serve_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings ``serve``'s options give (``--record``/``--replay`` spelled out)."""
     flags = {
         k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")
     }
@@ -276,7 +276,14 @@ def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             if args.mode not in (None, shorthand) or args.recordings not in (None, directory):
                 raise CliError(f"--{shorthand} DIR conflicts with --mode/--recordings")
             flags["mode"], flags["recordings"] = shorthand, directory
-    settings = load_settings(flags, environ, args.config)
+    return flags
+
+
+def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from gateway.app import configure_logging, serve
+    from gateway.config import load_settings
+
+    settings = load_settings(serve_flags(args), environ, args.config)
     configure_logging(settings.log_level)
     asyncio.run(serve(settings, environ))
     return EXIT_OK
@@ -465,6 +472,12 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
 
 
+def cmd_sandbox(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from gateway.commands.sandbox import sandbox_command
+
+    return sandbox_command(args, environ)
+
+
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.state import open_store
     from gateway.state.base import REVOCATION_KINDS
@@ -494,6 +507,7 @@ _WITH_ENV: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
     "serve": cmd_serve,
     "revoke": cmd_revoke,
     "replay": cmd_replay,
+    "sandbox": cmd_sandbox,
 }
 _PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
     "keys": cmd_keys,

@@ -189,7 +189,8 @@ def bwrap_argv(spec: SandboxSpec, netns_fd: int) -> list[str]:
     visible = [Path(d).resolve() for d in SYSTEM_DIRS if Path(d).is_dir()]
     argv = [
         "nsenter",
-        f"--net=/proc/self/fd/{netns_fd}",
+        # The handle as this process holds it: the command inherits no descriptor of it.
+        f"--net=/proc/{os.getpid()}/fd/{netns_fd}",
         "--",
         "bwrap",
         "--die-with-parent",
@@ -273,7 +274,7 @@ async def run_command(spec: SandboxSpec, namespace: Namespace, stop: asyncio.Eve
     ends it with SIGTERM, then SIGKILL after ``TERM_GRACE``."""
     argv = bwrap_argv(spec, namespace.fd)
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, pass_fds=(namespace.fd,))
+        proc = await asyncio.create_subprocess_exec(*argv)
     except OSError as exc:
         raise ConfigError(f"cannot start the sandbox: {exc.strerror or exc}") from exc
     waiting = asyncio.ensure_future(proc.wait())

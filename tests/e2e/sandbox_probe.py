@@ -39,6 +39,16 @@ def connect(host: str, port: int) -> str:
         return type(exc).__name__ + ": " + (exc.strerror or str(exc))
 
 
+def connect_abstract(name: str) -> str:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(3)
+            s.connect("\0" + name)
+            return "connected"
+    except OSError as exc:
+        return type(exc).__name__ + ": " + (exc.strerror or str(exc))
+
+
 def resolve(name: str) -> str:
     try:
         return "resolved " + socket.getaddrinfo(name, 80)[0][4][0]
@@ -74,7 +84,9 @@ def main() -> int:
         "env": sorted(os.environ),
         "calls": {path: call(path, method) for method, path in plan.get("calls", [])},
         "direct": {f"{h}:{p}": connect(h, p) for h, p in plan.get("direct", [])},
+        "abstract": {name: connect_abstract(name) for name in plan.get("abstract", [])},
         "dns": {name: resolve(name) for name in plan.get("dns", [])},
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
         "read": {path: read(path) for path in plan.get("read", [])},
         "processes": processes(),
         "tmp_writable": os.access("/tmp", os.W_OK),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,12 @@ def test_inside_the_sandbox_the_gateway_is_the_only_way_out(
     work = _workdir(tmp_path)
     echo = urlsplit(mocks.urls["echo"])
     audit = tmp_path / "audit.jsonl"
+    # A service on the host's abstract Unix socket name space (per network namespace).
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0capgate-sandbox-test-{os.getpid()}")
+    abstract.listen(1)
     plan = {
+        "abstract": [f"capgate-sandbox-test-{os.getpid()}"],
         "calls": [["GET", "/echo/echo/from-sandbox"], ["GET", "/echo/not-a-rule/x/y"]],
         "direct": [
             [echo.hostname, echo.port],  # the upstream the gateway reaches
@@ -123,7 +129,8 @@ def test_inside_the_sandbox_the_gateway_is_the_only_way_out(
             "/etc/shadow",
         ],
     }
-    done, report = probe(workspace, policy_file, audit, work, plan)
+    with abstract:
+        done, report = probe(workspace, policy_file, audit, work, plan)
     assert done.returncode == 0, done.stderr[-2000:]
     # Calls through the gateway are policed: allowed, and refused with a reason.
     allowed = report["calls"]["/echo/echo/from-sandbox"]
@@ -138,6 +145,9 @@ def test_inside_the_sandbox_the_gateway_is_the_only_way_out(
         assert result != "connected", f"reached {where} from inside the sandbox"
     assert report["direct"][f"{echo.hostname}:{echo.port}"].startswith("ConnectionRefused")
     assert "unreachable" in report["direct"]["10.255.255.1:80"].lower()
+    for name, result in report["abstract"].items():
+        assert result.startswith("ConnectionRefused"), (name, result)
+    assert report["fds"] == [0, 1, 2, 3]  # stdio, and the probe's own listing of them
     for name, result in report["dns"].items():
         assert not result.startswith("resolved"), f"{name}: {result}"
     for path, result in report["read"].items():

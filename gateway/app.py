@@ -35,7 +35,7 @@ from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
 from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
 from gateway.check_workers import CheckWorkers
-from gateway.config import Settings
+from gateway.config import Settings, revocations_path
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError, StateUnavailable
 from gateway.events import EventHub
@@ -53,6 +53,7 @@ from gateway.shares import UpstreamShares
 from gateway.stages.audit import audit_record
 from gateway.state import open_store
 from gateway.state.base import PauseKind, StateStore
+from gateway.state.journal import RevocationJournal
 from gateway.taint import Taints
 from gateway.telemetry import Telemetry, plan
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
@@ -140,6 +141,7 @@ class Gateway:
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
     webhook: ApprovalWebhook | None = None
+    journal: RevocationJournal | None = None  # revocations kept on this gateway's disk
     taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
     # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
@@ -211,12 +213,34 @@ class Gateway:
         cause = await self.taints.of(key)
         return {"key": key, "tainted": cause is not None, "cause": cause}
 
+    def journal_health(self) -> dict[str, Any]:
+        if self.journal is None:
+            return {
+                "ok": True,
+                "path": None,
+                "detail": "no revocation journal (the audit is off and revocations_file is "
+                "unset): revocations do not survive a restart of this gateway",
+            }
+        error = self.journal.error
+        return {
+            "ok": error is None,
+            "path": str(self.journal.path),
+            "lines": self.journal.lines,
+            "detail": f"the last revocation could not be written: {error}" if error else "ok",
+        }
+
     async def health_report(self) -> tuple[int, dict[str, Any]]:
         """The health check's status and body (agents' port and admin API alike)."""
         state = await self.state.health()
         background = self.watch.health()
         audit = self.audit.health()
-        ok = bool(state.get("reachable", False)) and background["ok"] and audit["ok"]
+        journal = self.journal_health()
+        ok = (
+            bool(state.get("reachable", False))
+            and background["ok"]
+            and audit["ok"]
+            and journal["ok"]
+        )
         body = {
             "status": "ok" if ok else "degraded",
             "version": __version__,
@@ -224,6 +248,7 @@ class Gateway:
             "state": state,
             "background": background,
             "audit": audit,
+            "revocations_journal": journal,
             "connections": {
                 "open": self.guard.open,
                 "max": self.guard.max_connections,
@@ -459,6 +484,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         events=events,
         webhook=webhook,
         operators=_operator_book(settings),
+        journal=RevocationJournal(journal) if (journal := revocations_path(settings)) else None,
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -503,6 +529,11 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     """The gateway's resources, open: the audit file, the state store (and revocations it
     announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
+    if gw.journal is not None:
+        # Before start: what Redis lacks (it restarted empty) is written back by its sync.
+        loaded = gw.state.keep_revocations(gw.journal)
+        if loaded:
+            log.info("%d revocation(s) restored from %s", loaded, gw.journal.path)
     await gw.state.start()
     gw.state.on_revoke(gw.apply_revocation)
     gw.state.on_pause(gw.pipeline.pause.changed)

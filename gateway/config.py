@@ -34,6 +34,9 @@ audit_rotate_size      (none)               rotate the audit file at this size (
 audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
 audit_gateway_id       host name            this gateway's name in checkpoints and anchors
 state                  memory               ``memory`` or ``redis://host:port/db``
+revocations_file       <audit>.revocations  every revocation this gateway learns, kept on its
+                                            disk (survives Redis and gateway restarts);
+                                            none when the audit is off and this is unset
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
 replay_report          (none)               where replay/shadow write their end-of-run report
@@ -118,6 +121,7 @@ class Settings:
     audit_rotate_interval: float | None = None
     audit_gateway_id: str = field(default_factory=socket.gethostname)
     state: str = "memory"
+    revocations_file: Path | None = None  # None: beside the audit file (none without one)
     mode: str = "live"
     recordings: Path | None = None
     replay_report: Path | None = None
@@ -354,6 +358,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "audit_rotate_interval": _positive_duration,
     "audit_gateway_id": _text,
     "state": _state,
+    "revocations_file": _optional_path,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
     "replay_report": _optional_path,
@@ -509,3 +514,12 @@ def load_settings(
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
     ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")
     return Settings(tokens=TokenSettings(**token_args), ci=ci, **other)
+
+
+def revocations_path(settings: Settings) -> Path | None:
+    """Where the revocation journal is kept: as configured, else beside the audit file."""
+    if settings.revocations_file is not None:
+        return settings.revocations_file
+    if settings.audit is None:
+        return None
+    return settings.audit.with_name(settings.audit.name + ".revocations")

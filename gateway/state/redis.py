@@ -107,6 +107,7 @@ from gateway.state.base import (
     check_revocation,
     redact_url,
 )
+from gateway.state.journal import RevocationJournal, attach
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
@@ -490,8 +491,13 @@ class RedisStore:
             )
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
-        self._check_synced()
-        return self._revocations.match(jti, agent, run, now=time.time())
+        # What the mirror knows is enforced even while it is out of sync: only a "not
+        # revoked" needs a current mirror (so on_state_error: allow never admits a
+        # revocation this gateway has heard of).
+        kind = self._revocations.match(jti, agent, run, now=time.time())
+        if kind is None:
+            self._check_synced()
+        return kind
 
     def approval_board(self) -> ApprovalBoard:
         return self._board
@@ -499,6 +505,9 @@ class RedisStore:
     def revocations(self) -> list[dict[str, Any]]:
         self._check_synced()
         return self._revocations.listing(now=time.time())
+
+    def keep_revocations(self, journal: RevocationJournal) -> int:
+        return attach(self._revocations, journal)
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

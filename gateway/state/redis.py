@@ -358,6 +358,7 @@ class RedisStore:
         self._channel = prefix + "revocations"
         self._pause_channel = prefix + "pauses"
         self._revocations = Revocations()
+        self._persistence_seen: tuple[float, dict[str, Any]] | None = None
         self._pauses = Pauses()
         # Held by pause/resume (shared write + mirror update) and by a resync's snapshot
         # (read + mirror replace): neither interleaves with the other.
@@ -458,7 +459,37 @@ class RedisStore:
         latency_ms = (time.perf_counter() - started) * 1000
         result["reachable"] = True
         result["detail"] = f"redis at {self.target} answered PING in {latency_ms:.1f} ms; {mirror}"
+        persistence = await self._persistence()
+        result["persistence"] = persistence
+        if persistence.get("warning"):
+            result["warnings"] = [persistence["warning"]]
         return result
+
+    async def _persistence(self) -> dict[str, Any]:
+        """Whether Redis keeps anything on disk (AOF, RDB snapshots), read at most once a
+        minute. Without either, a restart empties it: rate limits, quotas, pauses, taints
+        and pending approvals are lost (revocations survive in the gateways' journals)."""
+        now = time.monotonic()
+        if self._persistence_seen is not None and now - self._persistence_seen[0] < 60.0:
+            return self._persistence_seen[1]
+        try:
+            aof = await self._call("CONFIG GET", lambda: self._client.config_get("appendonly"))
+            save = await self._call("CONFIG GET", lambda: self._client.config_get("save"))
+        except StateUnavailable as exc:
+            # Managed services often disable CONFIG: say it is unknown, once a minute.
+            found: dict[str, Any] = {"known": False, "detail": exc.detail}
+        else:
+            on_aof = str(aof.get("appendonly", "no")).lower() == "yes"
+            on_rdb = bool(str(save.get("save", "")).strip())
+            found = {"known": True, "aof": on_aof, "rdb": on_rdb}
+            if not (on_aof or on_rdb):
+                found["warning"] = (
+                    f"redis at {self.target} keeps nothing on disk (no AOF, no RDB "
+                    "snapshots): a restart loses rate limits, quotas, pauses, taints and "
+                    "pending approvals; revocations survive in the gateways' journals"
+                )
+        self._persistence_seen = (now, found)
+        return found
 
     # --- revocations --------------------------------------------------------------------
 

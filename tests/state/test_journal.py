@@ -150,3 +150,25 @@ def test_the_journal_file_is_json_lines(tmp_path: Path) -> None:
         "reason": None,
     }
     assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+@pytest.mark.redis
+@needs_redis
+async def test_health_warns_when_redis_keeps_nothing_on_disk(
+    redis_server: RedisServer, make_store: StoreFactory
+) -> None:
+    store = await make_store(redis_server.url)
+    health = await store.health()
+    assert health["reachable"] is True
+    assert health["persistence"] == {
+        "known": True,
+        "aof": False,
+        "rdb": False,
+        "warning": health["warnings"][0],
+    }
+    assert "keeps nothing on disk" in health["warnings"][0]
+    redis_server.command("CONFIG", "SET", "appendonly", "yes")
+    fresh = await make_store(redis_server.url)
+    health = await fresh.health()
+    assert health["persistence"] == {"known": True, "aof": True, "rdb": False}
+    assert "warnings" not in health

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+import gateway.checks.iri_formats  # noqa: F401 (first: before any check imports jsonschema)
 from gateway.checks.arguments import ARGUMENTS_KEY_SCHEMA, compile_arguments
 from gateway.checks.body import BODY_KEY_SCHEMA, compile_body
 from gateway.checks.sql.config import SQL_KEY_SCHEMA, compile_sql_check

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from aiohttp import web
 
@@ -55,13 +55,15 @@ from gateway.state import open_store
 from gateway.state.base import PauseKind, StateStore
 from gateway.state.journal import RevocationJournal
 from gateway.taint import Taints
-from gateway.telemetry import Telemetry, plan
+from gateway.telemetry_plan import plan
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
 from gateway.webhook import ApprovalWebhook
 
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 log = logging.getLogger("capgate")
 
 HEALTH_PATH = "/_capgate/health"
@@ -130,7 +132,7 @@ class Gateway:
     transport: Transport
     audit: AuditTrail
     mac: BodyMac
-    telemetry: Telemetry
+    telemetry: Telemetry | None  # None: nothing exported, the SDK not even imported
     approvals: Approvals
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
@@ -168,12 +170,14 @@ class Gateway:
                 pause_hold=self.settings.pause_hold,
                 check_workers=self.check_workers,
                 decisions=self.audit if self.audit.path is not None else None,
-                telemetry=self.telemetry if self.telemetry.enabled else None,
+                telemetry=self.telemetry,
             )
         )
         if self.audit.path is not None:
             self.guard.refused = self.audit.count_refusal
         audit_stage, trail = self.pipeline.audit, self.audit
+        if self.telemetry is None:
+            return
         self.telemetry.watch(
             pending=lambda: self.approvals.count,
             # Lines the trail failed to write: its own count (when it keeps one) and the
@@ -450,12 +454,17 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
     audit = build_audit_trail(settings)
-    telemetry = Telemetry(plan(settings))
+    telemetry_plan = plan(settings)
+    telemetry: Telemetry | None = None
+    if telemetry_plan.enabled:
+        from gateway.telemetry import Telemetry
+
+        telemetry = Telemetry(telemetry_plan)
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
     if settings.audit is not None:
         observers.append(audit)
-    if telemetry.enabled:
+    if telemetry is not None:
         observers.append(telemetry)
     if denials is not None:
         observers.append(DenialRecorder(denials))
@@ -553,7 +562,8 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
-        gw.telemetry.close()
+        if gw.telemetry is not None:
+            gw.telemetry.close()
 
 
 def _reload_operators(gw: Gateway) -> None:
@@ -764,7 +774,8 @@ async def _listen(
         ) from exc
     admin_runner: web.AppRunner | None = None
     if settings.admin_port is not None and gw.operators is not None:
-        metrics = gw.telemetry.prometheus_text if gw.telemetry.plan.prometheus else None
+        telemetry = gw.telemetry
+        metrics = telemetry.prometheus_text if telemetry and telemetry.plan.prometheus else None
         admin_app = create_admin_app(gw, gw.operators, metrics=metrics)
         # Event streams never end by themselves: at shutdown they are cut after a moment.
         admin_runner = web.AppRunner(

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -48,9 +48,12 @@ from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
 from gateway.taint import TaintGate, TaintMark, Taints
-from gateway.telemetry import PHASES, Telemetry
+from gateway.telemetry_plan import PHASES
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
+
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 
 log = logging.getLogger("capgate")
 

@@ -16,7 +16,15 @@ import pytest
 from mocks.demo import Workspace
 from tests.conftest import ROOT
 
-HEAVY = ("sqlglot", "pglast", "jsonschema", "redis", "rfc3987_syntax", "prometheus_client")
+HEAVY = (
+    "sqlglot",
+    "pglast",
+    "jsonschema",
+    "redis",
+    "rfc3987_syntax",
+    "prometheus_client",
+    "opentelemetry.sdk",
+)
 
 PLAIN = """\
 version: 1
@@ -85,6 +93,7 @@ def test_the_example_policy_loads_what_its_rules_use(
     base_workspace: Workspace, tmp_path: Path
 ) -> None:
     """SQL rules bring sqlglot and PostgreSQL's parser, JSON Schemas bring jsonschema; the
-    memory state never brings redis, and no rule asks for an iri format."""
+    memory state never brings redis, no rule asks for an iri format, and with telemetry off
+    (the default) the OpenTelemetry SDK is not loaded."""
     found = loaded(base_workspace, base_workspace.policy, tmp_path)
     assert found == ["jsonschema", "pglast", "sqlglot"]

@@ -40,6 +40,7 @@ from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError, StateUnavailable
 from gateway.events import EventHub
 from gateway.inflight import InFlight
+from gateway.key_reload import KeyReloader
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
 from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
@@ -49,6 +50,7 @@ from gateway.policy_file import PolicyError
 from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
+from gateway.secret_files import check_secret_file
 from gateway.shares import UpstreamShares
 from gateway.stages.audit import audit_record
 from gateway.state import open_store
@@ -144,6 +146,7 @@ class Gateway:
     operators: OperatorBook | None = None
     webhook: ApprovalWebhook | None = None
     journal: RevocationJournal | None = None  # revocations kept on this gateway's disk
+    keys: KeyReloader | None = None  # the JWKS and upstream signing key, read again on change
     taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
     # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
@@ -431,6 +434,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         # credential is a placeholder, recorded answers carry the same placeholder back.
         credentials = PlaceholderCredentials()
     else:
+        if settings.upstream_key is not None:
+            check_secret_file(settings.upstream_key)  # as every other secret file
         signing = load_private_key(settings.upstream_key) if settings.upstream_key else None
         credentials = CredentialStore(
             environ=environ,
@@ -494,6 +499,13 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         webhook=webhook,
         operators=_operator_book(settings),
         journal=RevocationJournal(journal) if (journal := revocations_path(settings)) else None,
+        keys=KeyReloader(
+            verifier,
+            settings.jwks,
+            overlap=settings.jwks_overlap,
+            credentials=credentials if isinstance(credentials, CredentialStore) else None,
+            upstream_key=settings.upstream_key,
+        ),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -607,6 +619,8 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
+    if gw.keys is not None:
+        gw.keys.tick()
     _reload_operators(gw)
     gw.audit.tick()
     summary = gw.guard.summarise(now)

@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
     s.add_argument("--algorithm", help="pinned token algorithm: EdDSA (default) or ES256")
     s.add_argument("--audience", help="required token audience (default capgate)")
+    s.add_argument(
+        "--jwks-overlap",
+        dest="jwks_overlap",
+        help="how long a key removed from the JWKS still verifies (default 0s: at once)",
+    )
     s.add_argument("--issuers", help="accepted token issuers, comma-separated")
     s.add_argument("--shutdown-grace", dest="shutdown_grace", help="e.g. 10s")
     s.add_argument("--mode", help="live (default), record, replay, replay-or-record, shadow")

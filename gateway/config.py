@@ -33,6 +33,8 @@ audit_checkpoint_      10s                  ... every T (when lines were written
 audit_rotate_size      (none)               rotate the audit file at this size (e.g. 100MB)
 audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
 audit_gateway_id       host name            this gateway's name in checkpoints and anchors
+jwks_overlap           0s                   how long a key removed from the JWKS still verifies
+                                            tokens (the JWKS is read again when it changes)
 state                  memory               ``memory`` or ``redis://host:port/db``
 revocations_file       <audit>.revocations  every revocation this gateway learns, kept on its
                                             disk (survives Redis and gateway restarts);
@@ -120,6 +122,7 @@ class Settings:
     audit_rotate_size: int | None = None
     audit_rotate_interval: float | None = None
     audit_gateway_id: str = field(default_factory=socket.gethostname)
+    jwks_overlap: float = 0.0  # seconds a key removed from the JWKS still verifies
     state: str = "memory"
     revocations_file: Path | None = None  # None: beside the audit file (none without one)
     mode: str = "live"
@@ -357,6 +360,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "audit_rotate_size": _size,
     "audit_rotate_interval": _positive_duration,
     "audit_gateway_id": _text,
+    "jwks_overlap": parse_duration,
     "state": _state,
     "revocations_file": _optional_path,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),

@@ -233,7 +233,12 @@ class Approvals:
             self._poller = None
 
     async def hold(
-        self, call: HeldCall, *, key: str | None = None, patience: float | None = None
+        self,
+        call: HeldCall,
+        *,
+        key: str | None = None,
+        patience: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> tuple[str, Decision]:
         """Wait for a decision; return the approval id and the decision when approved, raise
         otherwise (``ConcurrencyLimited`` when the agent already has its share held).
@@ -242,11 +247,14 @@ class Approvals:
         approval outlives its caller: past ``patience`` seconds ``ApprovalPending`` is
         raised and the record stays pending until its deadline; a call with the same key
         attaches to it. An approval is taken by one call only: the others attached to it
-        are held anew (a new approval)."""
+        are held anew (a new approval). ``on_wait`` is told the id of each approval the call
+        starts waiting on (the held stream's notifications name it)."""
         while True:
             pending = self._keyed.get(key) if key is not None else None
             if pending is None:
                 pending = await self._open(call, key)
+            if on_wait is not None:
+                on_wait(pending.id)
             try:
                 decision = await asyncio.wait_for(asyncio.shield(pending.life), patience)
             except TimeoutError:

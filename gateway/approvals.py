@@ -147,6 +147,10 @@ class Approvals:
         self._pending: dict[str, Pending] = {}  # undecided
         self._keyed: dict[str, Pending] = {}  # by key: undecided, or decided and not taken
         self.slots = Shares("calls held for approval", capacity, per_agent)
+        # Calls waiting for a decision, attached to an approval of their own or to another's
+        # (the same MCP call sent again): each takes one, so repeating a held call cannot
+        # hold more of the agent's connections than its share (CG-2026-36).
+        self.waiting = Shares("calls waiting for approval", capacity, per_agent)
         self.on_event = on_event
         self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
         self._poller: asyncio.Task[None] | None = None
@@ -248,7 +252,24 @@ class Approvals:
         raised and the record stays pending until its deadline; a call with the same key
         attaches to it. An approval is taken by one call only: the others attached to it
         are held anew (a new approval). ``on_wait`` is told the id of each approval the call
-        starts waiting on (the held stream's notifications name it)."""
+        starts waiting on (the held stream's notifications name it).
+
+        Each call waiting here takes a slot of its agent's share of waiting calls, whether it
+        opened the approval or attached to one (``ConcurrencyLimited`` past it)."""
+        if not self.waiting.try_acquire(call.agent):
+            raise self.waiting.refusal(call.agent)
+        try:
+            return await self._hold(call, key, patience, on_wait)
+        finally:
+            self.waiting.release(call.agent)
+
+    async def _hold(
+        self,
+        call: HeldCall,
+        key: str | None,
+        patience: float | None,
+        on_wait: Callable[[str], None] | None,
+    ) -> tuple[str, Decision]:
         while True:
             pending = self._keyed.get(key) if key is not None else None
             if pending is None:

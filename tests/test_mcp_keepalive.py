@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from aiohttp import web
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
@@ -389,3 +391,73 @@ async def test_otherwise_nothing_changes(
     body = await resp.json()
     assert body["id"] == 4 and body["result"]["isError"] is True
     assert "approval_pending" in body["result"]["content"][0]["text"]
+
+
+UP_KEY = "Hunter2-Xy7Q9pLm4Rt"  # the credential the gateway injects (X-Api-Key)
+
+
+async def _reflecting(request: web.Request) -> web.StreamResponse:
+    """An MCP server that answers a tools/call with the credential it was sent."""
+    message = await request.json()
+    text = f"the key is {request.headers['X-Api-Key']}"
+    answer = {
+        "jsonrpc": "2.0",
+        "id": message["id"],
+        "result": {"content": [{"type": "text", "text": text}], "isError": False},
+    }
+    data = json.dumps(answer).encode()
+    if request.match_info["kind"] == "json":
+        return web.json_response(answer)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    cut = data.index(b"Hunter2") + 4  # the credential split across two writes
+    await resp.write(b"event: message\ndata: " + data[:cut])
+    await asyncio.sleep(0.05)
+    await resp.write(data[cut:] + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.mark.parametrize("kind", ["json", "sse"])
+async def test_a_reflected_credential_is_masked_on_the_stream(
+    aiohttp_server: Any,
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    token_file: Path,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    app = web.Application()
+    app.router.add_post("/{kind}/mcp", _reflecting)
+    server = await aiohttp_server(app)
+    policy = tmp_path / "reflecting.yaml"
+    policy.write_text(
+        "version: 1\nupstreams:\n"
+        f'  up: {{url: "http://127.0.0.1:{server.port}/{kind}", kind: mcp,'
+        " mcp: {approval_keepalive: 200ms},"
+        ' credentials: {type: header, header: X-Api-Key, secret: "env:UP_KEY"}}\n'
+        'agents: {"*": [r]}\nroles:\n  r:\n    rules:\n'
+        "      - {id: echo, upstream: up, allow: POST /mcp, tool: echo, approval: required}\n"
+    )
+    s = dataclasses.replace(
+        settings, policy=policy, admin_port=0, admin_token_file=token_file, audit=None
+    )
+    gw = build_gateway(s, {**workspace.environ(), "UP_KEY": UP_KEY})
+    client = await serve_gateway(gw)
+    headers = {"Authorization": f"Bearer {workspace.token('a1', ['r'])}", **EVENT_STREAM}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {}, "_meta": {"progressToken": 1}},
+    }
+    resp = await client.post("/up/mcp", headers=headers, json=message)
+    first = await resp.content.readuntil(b"\n\n")
+    [pending] = await gw.approvals.pending()
+    assert await gw.approvals.decide(pending["id"], True, "alice") == "decided"
+    raw = first + await resp.read()
+    assert UP_KEY.encode() not in raw and b"Hunter2" not in raw
+    *notes, answer = sse_messages(raw)
+    assert notes and answer["id"] == 1
+    assert answer["result"]["content"][0]["text"].startswith("the key is ")

@@ -82,6 +82,8 @@ class HeldStream:
         except OSError:  # ConnectionResetError, aiohttp's ClientConnectionResetError...
             self.gone = True
             log.debug("request %s: the agent left while its call was held", self.request_id)
+        except Exception:  # a bug: logged here, the call goes on waiting without keepalives
+            log.exception("request %s: the held call's keepalive failed", self.request_id)
 
     async def _notify(self) -> None:
         if self.response is None:

@@ -23,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.admin import create_admin_app
 from gateway.app import build_gateway
 from gateway.config import Settings
+from gateway.held_stream import sse_message
 from mocks.demo import Workspace
 from mocks.mcp_server import start_mcp_server
 from tests.conftest import Mocks, audit_lines
@@ -461,3 +462,11 @@ async def test_a_reflected_credential_is_masked_on_the_stream(
     *notes, answer = sse_messages(raw)
     assert notes and answer["id"] == 1
     assert answer["result"]["content"][0]["text"].startswith("the key is ")
+
+
+def test_a_json_answer_is_one_event_whatever_its_lines() -> None:
+    body = b'{\n  "a": 1,\r\n\r\n  "event: x": "data: y",\r"b": "\\n\\ndata: z"}'
+    event = sse_message(body)
+    assert event.startswith(b"event: message\n") and event.endswith(b"\n\n")
+    assert event.count(b"\n\n") == 1 and b"\r" not in event
+    assert sse_messages(event) == [json.loads(body)]

@@ -26,7 +26,9 @@ task of its own until its deadline; a call with the same key (``protocols/mcp.ap
 attaches to it. Once decided it is remembered for another ``timeout``: the first call with
 its key to come takes an approval (the others are held anew), a denial or expiry answers
 every one. The record keeps its agent's slot until it is decided; a revocation of the call
-that waits on it withdraws it.
+that waits on it withdraws it. Each call waiting on a record, the one that opened it or one
+attached to it, takes a slot of its agent's share of waiting calls (``waiting``), so sending
+a held call again and again cannot hold more of the agent's connections (CG-2026-36).
 
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.

@@ -23,9 +23,10 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
+
+from gateway.errors import GatewayError
 
 log = logging.getLogger("capgate")
 
@@ -48,13 +49,13 @@ class HeldStream:
         request_id: str,
         token: str | int,
         every: float,
-        refusal: Callable[[Any], bytes | None],
+        refusal: Callable[[GatewayError], bytes | None],
     ) -> None:
         self.request = request
         self.request_id = request_id
         self.token = token  # the request's progressToken
         self.every = every  # seconds between two notifications
-        # The JSON-RPC answer to the request for a refusal (a GatewayError), from its protocol.
+        # The JSON-RPC answer to the request for a refusal, from its protocol.
         self.refusal = refusal
         self.response: web.StreamResponse | None = None  # once the stream has begun
         self.approval: str | None = None  # the approval the call waits on

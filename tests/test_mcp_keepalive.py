@@ -27,6 +27,8 @@ from gateway.held_stream import sse_message
 from mocks.demo import Workspace
 from mocks.mcp_server import start_mcp_server
 from tests.conftest import Mocks, audit_lines
+from tests.redis_server import RedisServer
+from tests.state.conftest import needs_redis
 from tests.test_approvals import (
     ADMIN_TOKEN,
     token_file,  # noqa: F401 (a fixture)
@@ -69,7 +71,9 @@ def start(
     token_file: Path,  # noqa: F811 (the fixture)
     mocks: Mocks,
 ) -> Any:
-    async def started(options: str, url: str | None = None) -> Any:
+    members: list[str] = []
+
+    async def started(options: str, url: str | None = None, state: str | None = None) -> Any:
         s = dataclasses.replace(
             settings,
             policy=kept_policy(policy_file, options, url),
@@ -77,7 +81,13 @@ def start(
             admin_token_file=token_file,
             approval_timeout=10.0,
         )
-        mocks.clear()
+        if state is not None:  # a member of a fleet sharing its state, with its own audit
+            members.append(state)
+            assert settings.audit is not None
+            audit = settings.audit.with_name(f"audit-{len(members)}.jsonl")
+            s = dataclasses.replace(s, state=state, audit=audit)
+        else:
+            mocks.clear()
         gw = build_gateway(s, workspace.environ())
         client = await serve_gateway(gw)
         assert gw.operators is not None
@@ -192,6 +202,30 @@ async def test_progress_while_held_then_the_result(
     # Forwarded once; the line may say client_closed when the session ended while the
     # server's stream was still open after the result (as in test_mcp_approvals).
     assert line["reason"] in ("allowed", "client_closed") and line["decision"] == "allow"
+
+
+@pytest.mark.redis
+@needs_redis
+async def test_kept_alive_by_one_gateway_approved_through_another(
+    redis_server: RedisServer, start: Any, token: Any, mocks: Mocks
+) -> None:
+    """Redis state: the console of another gateway of the fleet approves the held call."""
+    mocks.clear()
+    options = "approval_patience: 30s, approval_keepalive: 200ms"
+    holder, client, _, _ = await start(options, state=redis_server.url)
+    other, _, other_admin, _ = await start(options, state=redis_server.url)
+    seen, on_progress = progress_log()
+    async with mcp_client(client, token("mcp-bot", ["mcp-agent"])) as mcp:
+        call = asyncio.ensure_future(
+            mcp.call_tool("get_order", {"order_id": 11}, progress_callback=on_progress)
+        )
+        approval = await pending_one(other_admin)  # listed by the gateway that does not hold it
+        await until(lambda: len(seen) >= 2)
+        await decide(other_admin, approval, "approve")
+        result = await call
+    assert not result.is_error and result.structured_content is not None
+    assert_kept_alive(seen, approval)
+    assert len(tool_calls_received(mocks)) == 1
 
 
 async def test_a_denial_is_the_last_event(kept: Any, token: Any, mocks: Mocks) -> None:

@@ -60,13 +60,7 @@ class HeldStream:
         self.response: web.StreamResponse | None = None  # once the stream has begun
         self.approval: str | None = None  # the approval the call waits on
         self.progress = 0
-        self.gone = False  # a write failed: the agent went away
         self._ticker: asyncio.Task[None] | None = None
-
-    @property
-    def begun(self) -> bool:
-        """Whether the stream's head was sent: the call's answer goes on it."""
-        return self.response is not None
 
     def waiting(self, approval: str) -> None:
         """The call waits on ``approval`` (told again if it waits on another): notifications
@@ -81,7 +75,6 @@ class HeldStream:
                 await self._notify()
                 await asyncio.sleep(self.every)
         except OSError:  # ConnectionResetError, aiohttp's ClientConnectionResetError...
-            self.gone = True
             log.debug("request %s: the agent left while its call was held", self.request_id)
         except Exception:  # a bug: logged here, the call goes on waiting without keepalives
             log.exception("request %s: the held call's keepalive failed", self.request_id)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx2
 import pytest
 from aiohttp import web
@@ -504,3 +505,79 @@ def test_a_json_answer_is_one_event_whatever_its_lines() -> None:
     assert event.startswith(b"event: message\n") and event.endswith(b"\n\n")
     assert event.count(b"\n\n") == 1 and b"\r" not in event
     assert sse_messages(event) == [json.loads(body)]
+
+
+async def _awkward(request: web.Request) -> web.StreamResponse:
+    """An MCP server whose answers cannot all be passed on a held call's event stream."""
+    message = await request.json()
+    kind = request.match_info["kind"]
+    text = "x" * (4096 if kind.startswith("big") else 10)
+    answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "text": text}}
+    if kind == "status":
+        return web.json_response({"jsonrpc": "2.0", "id": None, "error": {}}, status=500)
+    if kind == "html":
+        return web.Response(text="<p>hi</p>", content_type="text/html")
+    if kind == "bigjson":
+        return web.json_response(answer)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b": a comment the gateway passes on\n\n")
+    await asyncio.sleep(0.05)
+    await resp.write(b"event: message\ndata: " + json.dumps(answer).encode() + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("status", "upstream_unavailable"),
+        ("html", "upstream_unavailable"),
+        ("bigjson", "payload_too_large"),
+        ("bigsse", "payload_too_large"),
+    ],
+)
+async def test_an_answer_that_cannot_go_on_the_stream(
+    aiohttp_server: Any,
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    token_file: Path,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+    kind: str,
+    reason: str,
+) -> None:
+    app = web.Application()
+    app.router.add_post("/{kind}/mcp", _awkward)
+    server = await aiohttp_server(app)
+    policy = tmp_path / "awkward.yaml"
+    policy.write_text(
+        "version: 1\nupstreams:\n"
+        f'  up: {{url: "http://127.0.0.1:{server.port}/{kind}", kind: mcp,'
+        " mcp: {approval_keepalive: 200ms}, limits: {response_body: 1KiB}}\n"
+        'agents: {"*": [r]}\nroles:\n  r:\n    rules:\n'
+        "      - {id: echo, upstream: up, allow: POST /mcp, tool: echo, approval: required}\n"
+    )
+    s = dataclasses.replace(settings, policy=policy, admin_port=0, admin_token_file=token_file)
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    headers = {"Authorization": f"Bearer {workspace.token('a1', ['r'])}", **EVENT_STREAM}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {}, "_meta": {"progressToken": 1}},
+    }
+    resp = await client.post("/up/mcp", headers=headers, json=message)
+    first = await resp.content.readuntil(b"\n\n")
+    [pending] = await gw.approvals.pending()
+    assert await gw.approvals.decide(pending["id"], True, "alice") == "decided"
+    if kind == "bigsse":
+        # Part of the server's stream was passed on: the connection is cut, no answer.
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    else:
+        *_, answer = sse_messages(first + await resp.read())
+        assert answer["id"] == 1 and answer["error"]["data"]["reason"] == reason
+    [line] = [ln for ln in audit_lines(s, gw) if ln.get("approval") == pending["id"]]
+    assert line["reason"] == reason and line["status"] == 200 and line["decision"] == "allow"

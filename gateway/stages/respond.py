@@ -460,18 +460,22 @@ class Respond:
     ) -> None:
         scrub = Scrubber(seen) if seen is not None else None
         hasher = self.mac.stream()
+        written = False
         try:
             async for chunk in chunks:
                 if scrub is not None:
                     chunk = scrub.feed(chunk)
                 if chunk:
                     hasher.update(chunk)
+                    written = True
                     await stream.write(chunk)
             if scrub is not None and scrub.tail:
                 tail = scrub.flush()
                 hasher.update(tail)
                 await stream.write(tail)
         except GatewayError as err:
+            if not written:
+                raise  # nothing of the answer was written: it is refused on the stream
             raise _Cut(err) from None
         finally:
             call.response_digest = hasher.result()

@@ -42,7 +42,7 @@ from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
-from gateway.stages.respond import Respond, refusal
+from gateway.stages.respond import Respond
 from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
@@ -202,7 +202,8 @@ class Pipeline:
                 if request.transport is not None:
                     request.transport.close()
                 raise
-            return refusal(call, call.revoked)
+            # The refusal, or its event on the stream a held MCP call was kept alive on.
+            return await self.respond(call)
         finally:
             self.inflight.discard(call)
             self.audit(call)

@@ -495,13 +495,14 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     import logging
 
     from gateway.state import open_store
+    from gateway.state.base import REDIS_URLS
 
     # The store's own reconnect warnings would repeat the one line this command prints.
     logging.getLogger("gateway.state").setLevel(logging.CRITICAL)
     from gateway.state.base import REVOCATION_KINDS
 
     url = args.state or environ.get("CAPGATE_STATE")
-    if not url or not url.startswith(("redis://", "rediss://")):
+    if not url or not url.startswith(REDIS_URLS):
         raise CliError(
             "revoke needs a shared store: --state redis://host:port/db (or CAPGATE_STATE)"
         )

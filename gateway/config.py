@@ -98,6 +98,7 @@ from gateway.audit_anchor import AnchorSpec
 from gateway.audit_trail import FsyncPolicy
 from gateway.errors import ConfigError
 from gateway.policy_file import parse_duration, parse_size
+from gateway.state.base import REDIS_URLS
 from gateway.tokens import ALGORITHMS, TokenSettings
 
 
@@ -309,9 +310,11 @@ def _otlp_headers(value: Any) -> OtlpHeaders:
 
 def _state(value: Any) -> str:
     text = _text(value)
-    if text in ("memory", "memory://") or text.startswith(("redis://", "rediss://")):
+    if text in ("memory", "memory://") or text.startswith(REDIS_URLS):
         return text
-    raise ValueError("expected 'memory' or a redis:// or rediss:// URL")
+    raise ValueError(
+        "expected 'memory' or a redis://, rediss://, redis+cluster:// or rediss+cluster:// URL"
+    )
 
 
 def _fraction(value: Any) -> float:

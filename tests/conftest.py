@@ -22,7 +22,7 @@ from gateway.app import SERVER_OPTIONS, Gateway, build_gateway, create_server, r
 from gateway.audit_trail import call_records
 from gateway.config import Settings, load_settings
 from mocks.demo import Workspace, prepare_workspace, rewrite_policy_urls
-from tests.redis_server import RedisServer, redis_server_available
+from tests.redis_server import RedisCluster, RedisServer, redis_server_available
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_POLICY = ROOT / "tests" / "policies" / "gateway.yaml"
@@ -189,6 +189,26 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of three masters on loopback, started once for the session."""
+    if not redis_server_available() and os.environ.get("CI", "").lower() not in ("true", "1"):
+        pytest.skip("needs a redis-server binary")
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_session: RedisCluster) -> RedisCluster:
+    """The session's Redis Cluster, emptied for this test."""
+    redis_cluster_session.flush()
+    return redis_cluster_session
 
 
 @pytest.fixture

@@ -47,12 +47,13 @@ def open_store(url: str, **opts: Any) -> StateStore:
     scheme = url.partition("://")[0].lower() if "://" in url else url.lower()
     if url in ("memory", "memory://"):
         return MemoryStore(**opts)
-    if scheme in ("redis", "rediss") and "://" in url:
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster") and "://" in url:
         # Imported here so the memory default never needs the redis package.
         from gateway.state.redis import RedisStore
 
         return RedisStore(url, **opts)
     raise ValueError(
         f"unknown state store URL {redact_url(url)!r}: use 'memory', "
-        "'redis://[:password@]host:port/db' or 'rediss://...'"
+        "'redis://[:password@]host:port/db', 'rediss://...' or 'redis+cluster://host:port' "
+        "(any node of a Redis Cluster)"
     )

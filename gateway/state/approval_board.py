@@ -118,6 +118,7 @@ class RedisApprovalBoard:
         self._prefix = prefix + "approval:"
         self._call = call  # the store's bounded, fail-closed runner of one operation
         self._claim = client.register_script(CLAIM_LUA)
+        self.scripts = (CLAIM_LUA,)  # what a cluster store loads on every node at start
 
     def _key(self, approval_id: str) -> str:
         return self._prefix + approval_id

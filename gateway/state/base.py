@@ -65,6 +65,8 @@ __all__ = [
 log = logging.getLogger("gateway.state")
 
 DEFAULT_PREFIX = "capgate:"
+# Where shared state lives: one Redis server (TLS: rediss), or any node of a Redis Cluster.
+REDIS_URLS = ("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")
 """The default namespace of every key (and channel) a store writes."""
 
 RevocationKind = Literal["jti", "agent", "run"]

@@ -255,6 +255,17 @@ class _BadMessage(Exception):
     """A revocation or pause message we cannot read: the mirror must be rebuilt from Redis."""
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def cluster_prefix(prefix: str) -> str:
+    """``prefix`` with a hash tag (``capgate:`` -> ``{capgate}:``) unless it has one."""
+    if "{" in prefix and "}" in prefix.partition("{")[2]:
+        return prefix
+    stem = prefix.rstrip(":") or "capgate"
+    return "{" + stem + "}:"
+
+
 class RedisStore:
     """``StateStore`` on Redis (``redis://`` or ``rediss://`` URL).
 
@@ -287,8 +298,17 @@ class RedisStore:
         client_name: str | None = "capgate",
     ) -> None:
         scheme = url.partition("://")[0].lower() if "://" in url else ""
-        if scheme not in ("redis", "rediss"):
-            raise ValueError(f"not a redis URL: {redact_url(url)!r} (use redis:// or rediss://)")
+        if scheme not in ("redis", "rediss", *CLUSTER_SCHEMES):
+            raise ValueError(
+                f"not a redis URL: {redact_url(url)!r} (use redis://, rediss://, "
+                "redis+cluster:// or rediss+cluster://)"
+            )
+        self.cluster = scheme in CLUSTER_SCHEMES
+        if self.cluster:
+            # Redis Cluster runs a script only on keys of one slot: every key of this store
+            # (and its channels) carry one hash tag, so they all live in one slot.
+            url = scheme.removesuffix("+cluster") + url[len(scheme) :]
+            prefix = cluster_prefix(prefix)
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections!r}")
         for name, value in (
@@ -305,7 +325,7 @@ class RedisStore:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
         self.prefix = prefix
-        self.target = _describe_target(url)
+        self.target = _describe_target(url) + (" (cluster)" if self.cluster else "")
         self._op_timeout = (
             op_timeout if op_timeout is not None else socket_timeout + connect_timeout
         )
@@ -324,6 +344,40 @@ class RedisStore:
             # when responses are decoded).
             "protocol": 2,
         }
+        self._call_slots = asyncio.Semaphore(max_connections) if self.cluster else None
+        if self.cluster:
+            self._client, self._sub_client = self._cluster_clients(url, max_connections, common)
+        else:
+            self._client, self._sub_client = self._clients(url, max_connections, common)
+        self._finish_init(prefix)
+
+    def _cluster_clients(
+        self, url: str, max_connections: int, common: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """Two cluster clients (calls; the subscriber and its snapshots): no hidden retries,
+        like the single-server pools; the subscriber's has two connections per node."""
+        from redis.asyncio.cluster import RedisCluster
+
+        try:
+            client = RedisCluster.from_url(
+                url,
+                # Room above the calls' own limit (``_call_slots``) for a fan-out to every
+                # node (loading a script after a node restarted).
+                max_connections=max_connections + 8,
+                retry=Retry(NoBackoff(), 0),
+                **common,
+            )
+            sub_client = RedisCluster.from_url(
+                url,
+                max_connections=2,
+                retry=Retry(NoBackoff(), 0, supported_errors=()),
+                **common,
+            )
+        except (ValueError, RedisError) as exc:
+            raise ValueError(f"invalid redis cluster URL {redact_url(url)!r}: {exc}") from None
+        return client, sub_client
+
+    def _clients(self, url: str, max_connections: int, common: dict[str, Any]) -> tuple[Any, Any]:
         try:
             # Calls: no hidden retries (we answer within our timeout); a failed connection
             # is dropped and the pool opens a fresh one for the next call.
@@ -347,8 +401,10 @@ class RedisStore:
         except ValueError as exc:
             # redis-py's messages name the bad part, never the password; the URL is redacted.
             raise ValueError(f"invalid redis URL {redact_url(url)!r}: {exc}") from None
-        self._client: Redis = Redis.from_pool(pool)
-        self._sub_client: Redis = Redis.from_pool(sub_pool)
+        return Redis.from_pool(pool), Redis.from_pool(sub_pool)
+
+    def _finish_init(self, prefix: str) -> None:
+        self.prefix = prefix
         self._rate_script = self._client.register_script(RATE_LUA)
         self._quota_script = self._client.register_script(QUOTA_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
@@ -404,6 +460,8 @@ class RedisStore:
         if self._task is not None:
             return
         self._running = True
+        if self.cluster:
+            await self._load_scripts()
         self._first_sync = asyncio.Event()
         self._task = asyncio.create_task(self._subscriber(), name="capgate-state-subscriber")
         try:
@@ -420,6 +478,29 @@ class RedisStore:
         raise StateUnavailable(
             f"could not load revocations from redis at {self.target} ({reason})"
         ) from cause
+
+    async def _load_scripts(self) -> None:
+        """Cluster: every script loaded on every primary before the first call, so a burst
+        of calls never races to load one (each load fans out to all the nodes)."""
+        scripts = (
+            RATE_LUA,
+            QUOTA_LUA,
+            REVOKE_LUA,
+            PAUSE_LUA,
+            RESUME_LUA,
+            *self._board.scripts,
+        )
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                for script in scripts:
+                    await self._client.script_load(script)
+        except (TimeoutError, RedisError, OSError) as exc:
+            self._running = False
+            await self.close()
+            raise StateUnavailable(
+                f"could not load the state scripts into the redis cluster at {self.target} "
+                f"({_failure(exc)})"
+            ) from exc
 
     async def close(self) -> None:
         self._running = False
@@ -654,7 +735,13 @@ class RedisStore:
         self._check_running()
         try:
             async with asyncio.timeout(self._op_timeout):
-                return await make()
+                if self._call_slots is None:
+                    return await make()
+                # A cluster client's pools do not wait for a free connection: calls beyond
+                # max_connections wait here instead (within the same timeout), as the single
+                # server's blocking pool makes them wait.
+                async with self._call_slots:
+                    return await make()
         except (TimeoutError, RedisTimeoutError) as exc:
             raise StateUnavailable(
                 f"redis at {self.target} did not answer {op} within {self._op_timeout:g} s"
@@ -678,6 +765,10 @@ class RedisStore:
         while self._running:
             pubsub = self._sub_client.pubsub()
             try:
+                if self.cluster:
+                    # Its map of slots to nodes, which pub/sub needs before the first command.
+                    async with asyncio.timeout(self._sync_timeout):
+                        await self._sub_client.initialize()
                 await self._sync(pubsub)
                 if failures:
                     log.info("revocation mirror resynced with redis at %s", self.target)

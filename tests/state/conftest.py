@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.state import StateStore, open_store
-from tests.redis_server import RedisServer, redis_server_available
+from tests.redis_server import RedisCluster, RedisServer, redis_server_available
 
 # Skipped only outside CI: in CI (CI=true) a missing redis-server fails these tests loudly.
 needs_redis = pytest.mark.skipif(
@@ -25,6 +25,7 @@ needs_redis = pytest.mark.skipif(
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("redis", id="redis", marks=[pytest.mark.redis, needs_redis]),
+    pytest.param("cluster", id="cluster", marks=[pytest.mark.redis, needs_redis]),
 ]
 
 # Quick reconnects, so fault tests stay short. Behaviour tests also get roomy socket timeouts:
@@ -69,6 +70,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 def store_url(backend: str, request: pytest.FixtureRequest) -> str:
     if backend == "memory":
         return "memory"
+    if backend == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
     server: RedisServer = request.getfixturevalue("redis_server")
     return server.url
 

@@ -885,3 +885,57 @@ def test_listener_settings_that_clash_are_refused() -> None:
         {}, {**base, "CAPGATE_HEALTH_PORT": "8787", "CAPGATE_HEALTH_HOST": "10.0.0.1"}
     )
     assert (s.health_host, s.health_port, s.host, s.port) == ("10.0.0.1", 8787, "127.0.0.1", 8787)
+
+
+def test_the_health_listener_serves_the_health_check_and_nothing_else(world_dir: Path) -> None:
+    policy, jwks = write_keys(world_dir / "etc")
+    secrets = world_dir / "secrets"
+    secrets.mkdir()
+    (secrets / "db.token").write_text("t0ken\n")
+    (secrets / "db.token").chmod(0o600)
+    health = free_port()
+    gw = start(
+        {
+            "CAPGATE_POLICY": str(policy),
+            "CAPGATE_JWKS": str(jwks),
+            "CAPGATE_AUDIT": "-",
+            "CAPGATE_SECRETS_DIR": str(secrets),
+            "CAPGATE_PORT": "0",
+            "CAPGATE_HEALTH_PORT": str(health),
+        },
+        world_dir,
+    )
+    try:
+        assert gw.ready["health_listener"] == f"http://127.0.0.1:{health}"
+        base = f"http://127.0.0.1:{health}"
+        assert http_status(base + HEALTH_PATH) == 200
+        head = urllib.request.Request(base + HEALTH_PATH, method="HEAD")
+        with urllib.request.urlopen(head, timeout=5) as resp:  # noqa: S310 (loopback)
+            assert resp.status == 200
+        for path in ("/", "/db/x", HEALTH_PATH + "/", HEALTH_PATH + "?x=1", "/openapi.json"):
+            assert http_status(base + path) == 404, path
+        post = urllib.request.Request(base + HEALTH_PATH, method="POST", data=b"{}")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(post, timeout=5)  # noqa: S310 (loopback)
+        assert err.value.code == 404
+        err.value.close()
+        # the agents' port still answers its own health check
+        assert http_status(gw.ready["health"]) == 200
+        alive = subprocess.run(
+            [sys.executable, "-m", "gateway.healthcheck", "--alive", base + "/nope"],
+            env={"PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert alive.returncode == 0  # --alive: any answer counts
+        strict = subprocess.run(
+            [sys.executable, "-m", "gateway.healthcheck", base + "/nope"],
+            env={"PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert strict.returncode == 1 and ": 404" in strict.stderr
+    finally:
+        gw.stop()

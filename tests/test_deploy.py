@@ -32,6 +32,8 @@ import yaml  # PyYAML: YAML 1.1 like kubectl, so 0440 is octal as Kubernetes rea
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.redis_server import RedisServer, redis_server_available
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -620,10 +622,36 @@ class Gateway:
                 self.proc.communicate(timeout=10)
 
 
-def start(env: dict[str, str], cwd: Path, prefix: list[str] | None = None) -> Gateway:
+# ``capgate serve`` as another user. The interpreter may live where that user cannot read (here:
+# a pyenv build in root's home, mode 0700; another python of the machine may be an older 3.11),
+# so this starts as root, imports all of capgate and what it loads lazily, then drops to the
+# user, its group and its supplementary groups (as the kubelet starts a container) before
+# anything reads a setting, a key or a secret, or listens.
+AS_USER = """
+import importlib, os, pkgutil, sys
+import gateway
+for found in pkgutil.walk_packages(gateway.__path__, "gateway."):
+    if not found.name.endswith("__main__"):
+        importlib.import_module(found.name)
+import redis.asyncio, encodings.idna, encodings.ascii, encodings.latin_1, encodings.utf_8
+uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(",")]
+os.setgroups(groups)
+os.setgid(gid)
+os.setuid(uid)
+assert (os.getuid(), os.geteuid(), os.getgid(), set(os.getgroups())) == (uid, uid, gid, set(groups))
+from gateway.cli import main
+sys.exit(main(["serve"]))
+"""
+
+
+def as_user(uid: int, gid: int, groups: list[int]) -> list[str]:
+    return ["-c", AS_USER, str(uid), str(gid), ",".join(map(str, groups))]
+
+
+def start(env: dict[str, str], cwd: Path, user: list[str] | None = None) -> Gateway:
     """``capgate serve`` (the image's ENTRYPOINT) with exactly ``env`` (plus PATH/PYTHONPATH)."""
     proc = subprocess.Popen(
-        [*(prefix or []), sys.executable, "-m", "gateway", "serve"],
+        [sys.executable, *(user or ["-m", "gateway", "serve"])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -737,8 +765,11 @@ def kubelet_volume(base: Path, files: dict[str, str | bytes], gid: int) -> Path:
     return base
 
 
-@pytest.mark.skipif(not is_root or shutil.which("setpriv") is None, reason="needs root, setpriv")
-def test_the_sidecar_settings_as_the_image_user(world_dir: Path) -> None:
+@pytest.mark.skipif(not is_root, reason="needs root (to become the image's user)")
+@pytest.mark.skipif(not redis_server_available(), reason="needs redis-server")
+def test_the_sidecar_settings_as_the_image_user(
+    world_dir: Path, request: pytest.FixtureRequest
+) -> None:
     """capgate with the sidecar container's variables, as its uid/gid with fsGroup as a
     supplementary group, reading secrets mounted the kubelet's way: it starts (its secret
     check accepts them), the agents' port answers on loopback only, the health listener on
@@ -788,10 +819,20 @@ def test_the_sidecar_settings_as_the_image_user(world_dir: Path) -> None:
         return value.replace("$(POD_IP)", pod_ip)
 
     run_env = {k: local(v) for k, v in env.items() if v != "<from>"}
+    # Redis as fleet.yaml runs it (a password, hex as its comment says), at the URL the
+    # manifest builds from REDIS_PASSWORD, with the Service's name mapped to this machine.
+    password = os.urandom(24).hex()
+    service = re.search(r"@([^/]+)/", env["CAPGATE_STATE"])
+    assert service is not None
+    redis = RedisServer(world_dir / "redis", password=password)
+    redis.start(timeout=30)
+    request.addfinalizer(redis.kill)
+    state = env["CAPGATE_STATE"].replace("$(REDIS_PASSWORD)", password)
+    state = state.replace(service.group(1), f"127.0.0.1:{redis.port}")
     run_env.update(
         {
             **{k: str(v) for k, v in ports.items()},
-            "CAPGATE_STATE": "memory",  # no Redis here (tests/e2e/test_fleet.py has one)
+            "CAPGATE_STATE": state,
             "CAPGATE_POLICY": str(policy),
             "CAPGATE_JWKS": str(jwks),
             "CAPGATE_AUDIT": str(audit / "audit.jsonl"),
@@ -804,7 +845,7 @@ def test_the_sidecar_settings_as_the_image_user(world_dir: Path) -> None:
     gw = start(
         run_env,
         world_dir,
-        prefix=["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={fs_group}", "--"],
+        user=as_user(uid, gid, [fs_group]),
     )
     try:
         agents, admin, health = (
@@ -818,6 +859,10 @@ def test_the_sidecar_settings_as_the_image_user(world_dir: Path) -> None:
         assert refused(pod_ip, agents)
         # the health listener: the kubelet's way in, the health check and nothing else
         assert http_status(f"http://{pod_ip}:{health}{HEALTH_PATH}") == 200
+        with urllib.request.urlopen(f"http://{pod_ip}:{health}{HEALTH_PATH}", timeout=5) as r:  # noqa: S310
+            body = json.loads(r.read())
+        assert body["state"]["backend"] == "redis" and body["state"]["reachable"] is True
+        assert password not in json.dumps(body) and password not in json.dumps(gw.ready)
         assert http_status(f"http://{pod_ip}:{health}/anything") == 404
         assert http_status(f"http://{pod_ip}:{health}/db/x") == 404  # never an agent's call
         assert refused("127.0.0.1", health)
@@ -838,22 +883,12 @@ def test_the_sidecar_settings_as_the_image_user(world_dir: Path) -> None:
     assert gw.proc.returncode == 0, gw.proc.stderr.read() if gw.proc.stderr else ""
 
 
-@pytest.mark.skipif(not is_root or shutil.which("setpriv") is None, reason="needs root, setpriv")
+@pytest.mark.skipif(not is_root, reason="needs root (to become the image's user)")
 def test_a_secret_in_a_group_capgate_is_not_in_stops_the_start(world_dir: Path) -> None:
     policy, jwks = write_keys(world_dir / "policy")
     secrets = kubelet_volume(world_dir / "secrets", {"db.token": "t0ken\n"}, 10002)
     proc = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=10001",
-            "--regid=10001",
-            "--groups=10001",
-            "--",
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-        ],
+        [sys.executable, *as_user(10001, 10001, [10001])],
         env={
             "PATH": os.environ.get("PATH", ""),
             "PYTHONPATH": str(ROOT),

@@ -14,19 +14,25 @@ import select
 import socket
 import subprocess
 import sys
-import time
 
 POD_IP = "10.89.0.2"
 ELSEWHERE = "10.89.0.77"  # another pod, an upstream: routed out of eth0
 
-# name -> (family, address, port): where something listens in the pod
+# name -> (family, address, port, owner): where something listens in the pod, and as whom
+# ("gateway": capgate's uid; "root": a neighbour such as Redis beside capgate)
 LISTENERS = {
-    "agents_port": (socket.AF_INET, "127.0.0.1", 8787),
-    "admin_on_pod_ip": (socket.AF_INET, POD_IP, 8788),
-    "health_on_pod_ip": (socket.AF_INET, POD_IP, 8789),
-    "other_loopback_port": (socket.AF_INET, "127.0.0.1", 6379),
-    "agents_port_on_pod_ip": (socket.AF_INET, POD_IP, 8787),
-    "ipv6_loopback": (socket.AF_INET6, "::1", 8787),
+    "agents_port": (socket.AF_INET, "127.0.0.1", 8787, "gateway"),
+    "admin_on_pod_ip": (socket.AF_INET, POD_IP, 8788, "gateway"),
+    "health_on_pod_ip": (socket.AF_INET, POD_IP, 8789, "gateway"),
+    "other_loopback_port": (socket.AF_INET, "127.0.0.1", 6379, "root"),
+    "other_port_on_pod_ip": (socket.AF_INET, POD_IP, 9090, "root"),
+    "ipv6_loopback": (socket.AF_INET6, "::1", 8787, "gateway"),
+}
+# Where the agent squats (binds and listens itself): one of capgate's ports on an address capgate
+# does not use (as if capgate were restarting), and a port of no concern.
+SQUATS = {
+    "squat_admin_port_on_loopback": ("127.0.0.1", 8788),
+    "squat_other_port": ("127.0.0.1", 9999),
 }
 
 
@@ -61,8 +67,10 @@ def attempts(uid: int, udp_port: int) -> dict[str, str]:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            for name, (family, host, port) in LISTENERS.items():
+            for name, (family, host, port, _) in LISTENERS.items():
                 out[name] = try_tcp(family, host, port)
+            for name, (host, port) in SQUATS.items():
+                out[name] = try_tcp(socket.AF_INET, host, port)
             out["elsewhere_443"] = try_tcp(socket.AF_INET, ELSEWHERE, 443)
             u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
@@ -93,12 +101,21 @@ def main() -> int:
     sh("ip", "link", "set", "eth0", "up")
     sh("ip", "link", "set", "eth0-peer", "up")
     listeners = []
-    for family, host, port in LISTENERS.values():
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(16)
-        listeners.append(s)
+    owners = {"gateway": int(gateway_uid), "root": 0}
+
+    def listen(family: int, host: str, port: int, uid: int) -> None:
+        # a socket belongs to the (effective) user that made it: as capgate's listeners do
+        os.seteuid(uid)
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.bind((host, port))
+            s.listen(16)
+            listeners.append(s)
+        finally:
+            os.seteuid(0)
+
+    for family, host, port, owner in LISTENERS.values():
+        listen(family, host, port, owners[owner])
     dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dns.bind(("127.0.0.1", 0))
     udp_port = dns.getsockname()[1]
@@ -116,13 +133,14 @@ def main() -> int:
         "udp_received_before": got_before,
     }
     if run.returncode == 0:
+        for host, port in SQUATS.values():  # bound by the agent, after the rules
+            listen(socket.AF_INET, host, port, int(agent_uid))
         result["agent"] = attempts(int(agent_uid), udp_port)
         result["udp_received_from_agent"] = bool(select.select([dns], [], [], 0.5)[0])
         if result["udp_received_from_agent"]:
             dns.recv(64)
         result["gateway"] = attempts(int(gateway_uid), udp_port)
         result["udp_received_from_gateway"] = bool(select.select([dns], [], [], 0.5)[0])
-    time.sleep(0)
     print(json.dumps(result))
     return 0
 

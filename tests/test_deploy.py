@@ -315,6 +315,11 @@ def test_the_agent_cannot_reach_the_admin_listener_by_the_rules() -> None:
     # port on loopback, and nothing else (tested for real below)
     assert int(init_env["CAPGATE_GATEWAY_UID"]) == gw["securityContext"]["runAsUser"] != 0
     assert int(init_env["CAPGATE_AGENT_PORT"]) == int(env["CAPGATE_PORT"])
+    # nobody but capgate answers from capgate's ports (an agent squatting one while capgate
+    # restarts would otherwise collect operators' tokens)
+    assert {int(p) for p in init_env["CAPGATE_GATEWAY_PORTS"].split(",")} == {
+        int(env[k]) for k in ("CAPGATE_PORT", "CAPGATE_ADMIN_PORT", "CAPGATE_HEALTH_PORT")
+    }
     assert agent["securityContext"]["runAsUser"] != gw["securityContext"]["runAsUser"]
     assert agent["securityContext"]["runAsNonRoot"] is True
     assert init["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "NET_RAW"]
@@ -422,11 +427,16 @@ def test_netinit_rules_in_a_network_namespace() -> None:
     assert all(v == "refused" for v in agent_seen.values()), agent_seen
     assert result["udp_received_from_agent"] is False
     gateway_seen = result["gateway"]
+    # a port of capgate's that the agent binds (capgate restarting) answers nobody: the agent
+    # cannot pose as the admin API to an operator, or as the health check to the kubelet
+    assert gateway_seen.pop("squat_admin_port_on_loopback") in ("timeout", "refused")
+    assert gateway_seen.pop("squat_other_port") == "connected"  # the rule is about those ports
     for name in (
         "agents_port",
         "admin_on_pod_ip",
         "health_on_pod_ip",
         "other_loopback_port",
+        "other_port_on_pod_ip",
         "ipv6_loopback",
     ):
         assert gateway_seen[name] == "connected", (name, gateway_seen)
@@ -440,6 +450,8 @@ def test_netinit_refuses_bad_settings() -> None:
         ({"CAPGATE_GATEWAY_UID": "0"}, "must not run as root"),
         ({"CAPGATE_GATEWAY_UID": "10001; reboot"}, "bad uid"),
         ({"CAPGATE_GATEWAY_UID": "10001", "CAPGATE_AGENT_PORT": "x"}, "bad port"),
+        ({"CAPGATE_GATEWAY_UID": "10001", "CAPGATE_GATEWAY_PORTS": "8787,,8788"}, "bad ports"),
+        ({"CAPGATE_GATEWAY_UID": "10001", "CAPGATE_GATEWAY_PORTS": "8787 -j ACCEPT"}, "bad ports"),
     ):
         run = subprocess.run(
             ["/bin/sh", str(NETINIT)],

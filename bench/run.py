@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.upstream import BODY as UPSTREAM_BODY
-from mocks.demo import Workspace, prepare_workspace
+from mocks.demo import EXAMPLE_POLICY, Workspace, prepare_workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -96,9 +96,14 @@ TARGET_THROUGHPUT_CONNS = 32  # ... at this many connections
 TARGET_ADDED_P50_MS = 0.3  # its p50 minus the bare proxy's p50 ...
 TARGET_ADDED_P50_CONNS = 1  # ... at this many connections
 # Reported with every run; None: no limit set yet, the figure is shown without a verdict.
-TARGET_IDLE_RSS_MIB: float | None = None  # RSS after start, before load
+# A gateway runs beside every agent, so its footprint multiplies: with plain HTTP rules ...
+TARGET_IDLE_RSS_MIB: float | None = 45.0  # RSS after start, before load
 TARGET_AFTER_RUN_RSS_MIB: float | None = None  # RSS after the last measurement, idle again
-TARGET_READY_S: float | None = None  # process start to the ready line
+TARGET_READY_S: float | None = 0.5  # process start to the ready line
+# ... and with the example policy (SQL, JSON Schema, MCP): started, measured idle, stopped.
+FOOTPRINT_SCENARIO = "example-policy"
+TARGET_EXAMPLE_RSS_MIB = 75.0
+TARGET_EXAMPLE_READY_S = 0.8
 
 # The agents of the 64-token scenario: the one place their names come from (tokens, and the
 # policy once it has to declare agents: see ``policy_64_agents``).
@@ -1306,7 +1311,32 @@ def targets(results: Sequence[Result], figures: Sequence[ProcessFigures]) -> lis
             }
         )
     out.extend(otel_targets(by))
+    out.extend(footprint_targets(figures))
     return out
+
+
+def footprint_targets(figures: Sequence[ProcessFigures]) -> list[dict[str, Any]]:
+    """Idle memory and time to ready with the example policy (``_measure_footprint``)."""
+    sc = FOOTPRINT_SCENARIO
+    fig = next((f for f in figures if f.scenario == sc), None)
+    rows = (
+        ("idle memory", _mib(fig.rss_idle_kib) if fig else None, "MiB", TARGET_EXAMPLE_RSS_MIB),
+        ("time to ready", fig.ready_s if fig else None, "s", TARGET_EXAMPLE_READY_S),
+    )
+    return [
+        {
+            "name": f"{what}: capgate with the example policy (SQL, JSON Schema, MCP)",
+            "scenario": sc,
+            "value": None if value is None else round(value, 3),
+            "unit": unit,
+            "target": f"<= {limit:g} {unit}",
+            "verdict": _verdict(value, limit, at_most=True),
+            "detail": "policies/example.yaml, idle after start"
+            if value is not None
+            else f"needs the {sc} scenario",
+        }
+        for what, value, unit, limit in rows
+    ]
 
 
 def otel_targets(by: Mapping[tuple[str, int], Result]) -> list[dict[str, Any]]:
@@ -1452,6 +1482,13 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     tool = _load_tool(args, log)
     conns: list[int] = args.connections
 
+    # Start-up is measured as an installed package starts: from compiled bytecode (pip
+    # compiles it at install; a checkout run with PYTHONDONTWRITEBYTECODE would not).
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "gateway")],
+        check=False,
+        capture_output=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="capgate-bench-"))
     procs = Processes(tmp)
     gen = LoadGenerator(tool, pinning, tmp)
@@ -1470,6 +1507,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
                 _measure_scenario(run, ctx, sc, round_no)
         if args.rounds > 1:
             run.results = median_results(run.results)
+        if wanted is None or FOOTPRINT_SCENARIO in wanted:
+            _measure_footprint(run, ctx)
     finally:
         procs.stop_all()
         if args.keep_tmp:
@@ -1646,6 +1685,34 @@ def median_results(results: Sequence[Result]) -> list[Result]:
         ranked = sorted(rs, key=lambda r: r.rps)
         out.append(ranked[(len(ranked) - 1) // 2])
     return out
+
+
+def _measure_footprint(run: _Run, ctx: Context) -> None:
+    """Start capgate with the example policy (SQL, JSON Schema, MCP rules): time to ready and
+    idle memory only, no load (its upstreams are the demo's mocks, not running here)."""
+    sdir = ctx.tmp / FOOTPRINT_SCENARIO
+    sdir.mkdir()
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        *ctx.ws.serve_args(0, sdir / "audit.jsonl", EXAMPLE_POLICY),
+    ]
+    cap, ready = ctx.procs.start(
+        FOOTPRINT_SCENARIO,
+        argv,
+        env=ctx.ws.environ(),
+        prefix=ctx.pinning.prefix(ctx.pinning.server_cpu),
+        ready="capgate",
+    )
+    pid = int(ready.get("pid", cap.pid))
+    fig = ProcessFigures(FOOTPRINT_SCENARIO, pid, cap.ready_s)
+    time.sleep(IDLE_SETTLE_SECONDS)
+    fig.rss_idle_kib = memory_kib(pid).get("VmRSS")
+    run.figures.append(fig)
+    run.log(f"{FOOTPRINT_SCENARIO}: ready in {cap.ready_s:.3f} s (start and idle memory only)")
+    ctx.procs.stop(cap)
 
 
 def _measure_scenario(run: _Run, ctx: Context, sc: Scenario, round_no: int = 0) -> None:
@@ -1860,7 +1927,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.duration is None:
         args.duration = 2 if args.quick else 5
-    known = {s.name for s in SCENARIOS}
+    known = {s.name for s in SCENARIOS} | {FOOTPRINT_SCENARIO}
     if args.scenarios and (unknown := set(args.scenarios) - known):
         build_parser().error(f"unknown scenarios {sorted(unknown)}; known: {sorted(known)}")
 

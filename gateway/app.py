@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from aiohttp import web
 
@@ -35,11 +35,12 @@ from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
 from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
 from gateway.check_workers import CheckWorkers
-from gateway.config import Settings
+from gateway.config import Settings, revocations_path
 from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError, StateUnavailable
 from gateway.events import EventHub
 from gateway.inflight import InFlight
+from gateway.key_reload import KeyReloader
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
 from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
@@ -49,18 +50,22 @@ from gateway.policy_file import PolicyError
 from gateway.protocols import PROTOCOLS
 from gateway.recording.denial import DenialRecorder, DenialSink
 from gateway.recording.placeholders import PlaceholderCredentials
+from gateway.secret_files import check_secret_file
 from gateway.shares import UpstreamShares
 from gateway.stages.audit import audit_record
 from gateway.state import open_store
 from gateway.state.base import PauseKind, StateStore
+from gateway.state.journal import RevocationJournal
 from gateway.taint import Taints
-from gateway.telemetry import Telemetry, plan
+from gateway.telemetry_plan import plan
 from gateway.tokens import Keyset, TokenVerifier, load_private_key
 from gateway.transport import Transport
 from gateway.transports.modes import build_transport
 from gateway.transports.upstream import LiveTransport
 from gateway.webhook import ApprovalWebhook
 
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 log = logging.getLogger("capgate")
 
 HEALTH_PATH = "/_capgate/health"
@@ -129,7 +134,7 @@ class Gateway:
     transport: Transport
     audit: AuditTrail
     mac: BodyMac
-    telemetry: Telemetry
+    telemetry: Telemetry | None  # None: nothing exported, the SDK not even imported
     approvals: Approvals
     observers: tuple[CallObserver, ...] = ()
     inflight: InFlight = field(default_factory=InFlight)
@@ -140,6 +145,8 @@ class Gateway:
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
     webhook: ApprovalWebhook | None = None
+    journal: RevocationJournal | None = None  # revocations kept on this gateway's disk
+    keys: KeyReloader | None = None  # the JWKS and upstream signing key, read again on change
     taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
     # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
@@ -166,12 +173,14 @@ class Gateway:
                 pause_hold=self.settings.pause_hold,
                 check_workers=self.check_workers,
                 decisions=self.audit if self.audit.path is not None else None,
-                telemetry=self.telemetry if self.telemetry.enabled else None,
+                telemetry=self.telemetry,
             )
         )
         if self.audit.path is not None:
             self.guard.refused = self.audit.count_refusal
         audit_stage, trail = self.pipeline.audit, self.audit
+        if self.telemetry is None:
+            return
         self.telemetry.watch(
             pending=lambda: self.approvals.count,
             # Lines the trail failed to write: its own count (when it keeps one) and the
@@ -211,12 +220,34 @@ class Gateway:
         cause = await self.taints.of(key)
         return {"key": key, "tainted": cause is not None, "cause": cause}
 
+    def journal_health(self) -> dict[str, Any]:
+        if self.journal is None:
+            return {
+                "ok": True,
+                "path": None,
+                "detail": "no revocation journal (the audit is off and revocations_file is "
+                "unset): revocations do not survive a restart of this gateway",
+            }
+        error = self.journal.error
+        return {
+            "ok": error is None,
+            "path": str(self.journal.path),
+            "lines": self.journal.lines,
+            "detail": f"the last revocation could not be written: {error}" if error else "ok",
+        }
+
     async def health_report(self) -> tuple[int, dict[str, Any]]:
         """The health check's status and body (agents' port and admin API alike)."""
         state = await self.state.health()
         background = self.watch.health()
         audit = self.audit.health()
-        ok = bool(state.get("reachable", False)) and background["ok"] and audit["ok"]
+        journal = self.journal_health()
+        ok = (
+            bool(state.get("reachable", False))
+            and background["ok"]
+            and audit["ok"]
+            and journal["ok"]
+        )
         body = {
             "status": "ok" if ok else "degraded",
             "version": __version__,
@@ -224,6 +255,7 @@ class Gateway:
             "state": state,
             "background": background,
             "audit": audit,
+            "revocations_journal": journal,
             "connections": {
                 "open": self.guard.open,
                 "max": self.guard.max_connections,
@@ -402,6 +434,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         # credential is a placeholder, recorded answers carry the same placeholder back.
         credentials = PlaceholderCredentials()
     else:
+        if settings.upstream_key is not None:
+            check_secret_file(settings.upstream_key)  # as every other secret file
         signing = load_private_key(settings.upstream_key) if settings.upstream_key else None
         credentials = CredentialStore(
             environ=environ,
@@ -425,12 +459,17 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
     key_path = audit_key_path(settings.audit, settings.audit_key)
     audit = build_audit_trail(settings)
-    telemetry = Telemetry(plan(settings))
+    telemetry_plan = plan(settings)
+    telemetry: Telemetry | None = None
+    if telemetry_plan.enabled:
+        from gateway.telemetry import Telemetry
+
+        telemetry = Telemetry(telemetry_plan)
     # Every ended call, allowed or refused, is told to each of these, in this order.
     observers: list[CallObserver] = []
     if settings.audit is not None:
         observers.append(audit)
-    if telemetry.enabled:
+    if telemetry is not None:
         observers.append(telemetry)
     if denials is not None:
         observers.append(DenialRecorder(denials))
@@ -459,6 +498,14 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         events=events,
         webhook=webhook,
         operators=_operator_book(settings),
+        journal=RevocationJournal(journal) if (journal := revocations_path(settings)) else None,
+        keys=KeyReloader(
+            verifier,
+            settings.jwks,
+            overlap=settings.jwks_overlap,
+            credentials=credentials if isinstance(credentials, CredentialStore) else None,
+            upstream_key=settings.upstream_key,
+        ),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -503,6 +550,11 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     """The gateway's resources, open: the audit file, the state store (and revocations it
     announces), the policy watcher. Closed, in reverse, when the block ends."""
     gw.audit.open()
+    if gw.journal is not None:
+        # Before start: what Redis lacks (it restarted empty) is written back by its sync.
+        loaded = gw.state.keep_revocations(gw.journal)
+        if loaded:
+            log.info("%d revocation(s) restored from %s", loaded, gw.journal.path)
     await gw.state.start()
     gw.state.on_revoke(gw.apply_revocation)
     gw.state.on_pause(gw.pipeline.pause.changed)
@@ -522,7 +574,8 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
         gw.check_workers.close()
         await gw.state.close()
         gw.audit.close()
-        gw.telemetry.close()
+        if gw.telemetry is not None:
+            gw.telemetry.close()
 
 
 def _reload_operators(gw: Gateway) -> None:
@@ -566,6 +619,8 @@ async def _watch(gw: Gateway) -> None:
 
 async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
+    if gw.keys is not None:
+        gw.keys.tick()
     _reload_operators(gw)
     gw.audit.tick()
     summary = gw.guard.summarise(now)
@@ -749,7 +804,8 @@ async def _listen(
     health_runner: web.ServerRunner | None = None
     try:
         if settings.admin_port is not None and gw.operators is not None:
-            metrics = gw.telemetry.prometheus_text if gw.telemetry.plan.prometheus else None
+            telemetry = gw.telemetry
+            metrics = telemetry.prometheus_text if telemetry and telemetry.plan.prometheus else None
             admin_app = create_admin_app(gw, gw.operators, metrics=metrics)
             # Event streams never end by themselves: at shutdown they are cut after a moment.
             admin_runner = web.AppRunner(

@@ -26,7 +26,9 @@ task of its own until its deadline; a call with the same key (``protocols/mcp.ap
 attaches to it. Once decided it is remembered for another ``timeout``: the first call with
 its key to come takes an approval (the others are held anew), a denial or expiry answers
 every one. The record keeps its agent's slot until it is decided; a revocation of the call
-that waits on it withdraws it.
+that waits on it withdraws it. Each call waiting on a record, the one that opened it or one
+attached to it, takes a slot of its agent's share of waiting calls (``waiting``), so sending
+a held call again and again cannot hold more of the agent's connections (CG-2026-36).
 
 Fail closed: without an admin listener nobody could approve, so a policy that requires
 approval is refused at start (and on reload) instead of holding calls for nothing.
@@ -147,6 +149,10 @@ class Approvals:
         self._pending: dict[str, Pending] = {}  # undecided
         self._keyed: dict[str, Pending] = {}  # by key: undecided, or decided and not taken
         self.slots = Shares("calls held for approval", capacity, per_agent)
+        # Calls waiting for a decision, attached to an approval of their own or to another's
+        # (the same MCP call sent again): each takes one, so repeating a held call cannot
+        # hold more of the agent's connections than its share (CG-2026-36).
+        self.waiting = Shares("calls waiting for approval", capacity, per_agent)
         self.on_event = on_event
         self.board: ApprovalBoard = board if board is not None else LocalApprovalBoard()
         self._poller: asyncio.Task[None] | None = None
@@ -233,7 +239,12 @@ class Approvals:
             self._poller = None
 
     async def hold(
-        self, call: HeldCall, *, key: str | None = None, patience: float | None = None
+        self,
+        call: HeldCall,
+        *,
+        key: str | None = None,
+        patience: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> tuple[str, Decision]:
         """Wait for a decision; return the approval id and the decision when approved, raise
         otherwise (``ConcurrencyLimited`` when the agent already has its share held).
@@ -242,11 +253,31 @@ class Approvals:
         approval outlives its caller: past ``patience`` seconds ``ApprovalPending`` is
         raised and the record stays pending until its deadline; a call with the same key
         attaches to it. An approval is taken by one call only: the others attached to it
-        are held anew (a new approval)."""
+        are held anew (a new approval). ``on_wait`` is told the id of each approval the call
+        starts waiting on (the held stream's notifications name it).
+
+        Each call waiting here takes a slot of its agent's share of waiting calls, whether it
+        opened the approval or attached to one (``ConcurrencyLimited`` past it)."""
+        if not self.waiting.try_acquire(call.agent):
+            raise self.waiting.refusal(call.agent)
+        try:
+            return await self._hold(call, key, patience, on_wait)
+        finally:
+            self.waiting.release(call.agent)
+
+    async def _hold(
+        self,
+        call: HeldCall,
+        key: str | None,
+        patience: float | None,
+        on_wait: Callable[[str], None] | None,
+    ) -> tuple[str, Decision]:
         while True:
             pending = self._keyed.get(key) if key is not None else None
             if pending is None:
                 pending = await self._open(call, key)
+            if on_wait is not None:
+                on_wait(pending.id)
             try:
                 decision = await asyncio.wait_for(asyncio.shield(pending.life), patience)
             except TimeoutError:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from gateway.audit_record import AuditRecord, BodyDigest
     from gateway.credentials import Injection
+    from gateway.held_stream import HeldStream
     from gateway.payload import Payload
     from gateway.policy.model import Match, Policy, Subject, Upstream
     from gateway.target import Target
@@ -115,6 +116,8 @@ class Call:
     error: GatewayError | None = None  # any stage: why the call was refused or cut
     revoked: GatewayError | None = None  # why the gateway cancelled the call in flight
     held: bool = False  # approve: the call waited for a person's decision
+    # approve: the event stream a held MCP call is kept alive and answered on (held_stream.py)
+    held_stream: HeldStream | None = None
     upstream_started: float = 0.0  # dispatch: monotonic time the exchange began
     upstream_ended: float = 0.0  # dispatch: ... and its answer's head arrived (or it failed)
     # telemetry (only when tracing): the call's trace (ids, start), stage end times

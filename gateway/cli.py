@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", help="listen port (default 8787; 0 for any free port)")
     s.add_argument("--state", help="memory (default) or redis://host:port/db")
+    s.add_argument(
+        "--revocations-file",
+        dest="revocations_file",
+        help="where this gateway keeps every revocation it learns (default <audit>.revocations)",
+    )
     s.add_argument("--audit", help="audit file (default capgate-audit.jsonl; '-' for none)")
     s.add_argument(
         "--audit-key",
@@ -112,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--secrets-dir", dest="secrets_dir", help="base of relative file: secrets")
     s.add_argument("--algorithm", help="pinned token algorithm: EdDSA (default) or ES256")
     s.add_argument("--audience", help="required token audience (default capgate)")
+    s.add_argument(
+        "--jwks-overlap",
+        dest="jwks_overlap",
+        help="how long a key removed from the JWKS still verifies (default 0s: at once)",
+    )
     s.add_argument("--issuers", help="accepted token issuers, comma-separated")
     s.add_argument("--shutdown-grace", dest="shutdown_grace", help="e.g. 10s")
     s.add_argument("--mode", help="live (default), record, replay, replay-or-record, shadow")
@@ -487,8 +497,16 @@ def cmd_sandbox(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return sandbox_command(args, environ)
 
 
+REVOKE_TIMEOUT = 2.0  # seconds ``capgate revoke`` waits for Redis before it fails
+
+
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    import logging
+
     from gateway.state import open_store
+
+    # The store's own reconnect warnings would repeat the one line this command prints.
+    logging.getLogger("gateway.state").setLevel(logging.CRITICAL)
     from gateway.state.base import REVOCATION_KINDS
 
     url = args.state or environ.get("CAPGATE_STATE")
@@ -499,7 +517,9 @@ def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     kind, value = next((k, getattr(args, k)) for k in REVOCATION_KINDS if getattr(args, k))
 
     async def go() -> None:
-        store = open_store(url)
+        # Fails fast and loudly when Redis cannot take it (never a silent success): one line,
+        # exit 2, within about two seconds.
+        store = open_store(url, start_timeout_s=REVOKE_TIMEOUT)
         await store.start()
         try:
             await store.revoke(kind, value, until=args.until)

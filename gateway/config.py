@@ -33,7 +33,12 @@ audit_checkpoint_      10s                  ... every T (when lines were written
 audit_rotate_size      (none)               rotate the audit file at this size (e.g. 100MB)
 audit_rotate_interval  (none)               rotate the audit file this often (e.g. 24h)
 audit_gateway_id       host name            this gateway's name in checkpoints and anchors
+jwks_overlap           0s                   how long a key removed from the JWKS still verifies
+                                            tokens (the JWKS is read again when it changes)
 state                  memory               ``memory`` or ``redis://host:port/db``
+revocations_file       <audit>.revocations  every revocation this gateway learns, kept on its
+                                            disk (survives Redis and gateway restarts);
+                                            none when the audit is off and this is unset
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
 replay_report          (none)               where replay/shadow write their end-of-run report
@@ -122,7 +127,9 @@ class Settings:
     audit_rotate_size: int | None = None
     audit_rotate_interval: float | None = None
     audit_gateway_id: str = field(default_factory=socket.gethostname)
+    jwks_overlap: float = 0.0  # seconds a key removed from the JWKS still verifies
     state: str = "memory"
+    revocations_file: Path | None = None  # None: beside the audit file (none without one)
     mode: str = "live"
     recordings: Path | None = None
     replay_report: Path | None = None
@@ -361,7 +368,9 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "audit_rotate_size": _size,
     "audit_rotate_interval": _positive_duration,
     "audit_gateway_id": _text,
+    "jwks_overlap": parse_duration,
     "state": _state,
+    "revocations_file": _optional_path,
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
     "replay_report": _optional_path,
@@ -544,3 +553,12 @@ def load_settings(
     other = {k: v for k, v in values.items() if k not in TOKEN_FIELDS}
     ci = environ.get("CI", "").strip().lower() in ("true", "1", "yes")
     return Settings(tokens=TokenSettings(**token_args), ci=ci, **other)
+
+
+def revocations_path(settings: Settings) -> Path | None:
+    """Where the revocation journal is kept: as configured, else beside the audit file."""
+    if settings.revocations_file is not None:
+        return settings.revocations_file
+    if settings.audit is None:
+        return None
+    return settings.audit.with_name(settings.audit.name + ".revocations")

@@ -199,6 +199,12 @@ class CredentialStore:
         self._jwts: dict[tuple[str, str], tuple[float, Secret]] = {}
         self._env_injections: dict[tuple[str, str, str, str, str, str], Injection] = {}
 
+    def replace_signing_key(self, key: PrivateKey) -> None:
+        """A new key for ``agent-jwt`` credentials (``key_reload.py``): credentials minted
+        with the old one are not handed out again."""
+        self.signing_key = key
+        self._jwts.clear()
+
     # -- start-up checks ----------------------------------------------------------------------
 
     def check_policy(self, policy: Policy) -> None:

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -42,15 +42,18 @@ from gateway.stages.inject import Inject
 from gateway.stages.match_policy import MatchPolicy
 from gateway.stages.pause import Pause
 from gateway.stages.receive import Receive
-from gateway.stages.respond import Respond, refusal
+from gateway.stages.respond import Respond
 from gateway.stages.route import PolicySource, Route
 from gateway.stages.throttle import Throttle
 from gateway.stages.validate import Validate
 from gateway.state.base import StateStore
 from gateway.taint import TaintGate, TaintMark, Taints
-from gateway.telemetry import PHASES, Telemetry
+from gateway.telemetry_plan import PHASES
 from gateway.tokens import TokenVerifier
 from gateway.transport import Transport
+
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 
 log = logging.getLogger("capgate")
 
@@ -199,7 +202,8 @@ class Pipeline:
                 if request.transport is not None:
                     request.transport.close()
                 raise
-            return refusal(call, call.revoked)
+            # The refusal, or its event on the stream a held MCP call was kept alive on.
+            return await self.respond(call)
         finally:
             self.inflight.discard(call)
             self.audit(call)

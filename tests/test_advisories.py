@@ -1909,3 +1909,75 @@ async def test_an_agent_cannot_blow_up_metric_cardinality(
     assert len(series) <= 12, sorted(series)
     values = {v for _, attrs in series for _, v in attrs}
     assert not any(v.startswith(("u", "/u", "agent-", "junk", "X-")) for v in values), values
+
+
+# --- MCP approvals: one call, many waiters (CG-2026-36) -------------------------------------
+
+
+async def test_one_agent_cannot_hold_connections_past_its_share_by_repeating_a_held_call(
+    serve_gateway: Any,
+    settings: Any,
+    workspace: Workspace,
+    policy_file: Path,
+    tmp_path: Path,
+    mocks: Mocks,
+) -> None:
+    """CG-2026-36 (issue 13): a held MCP ``tools/call`` sent again attaches to its pending
+    approval without taking a slot of the agent's share of held calls (``approvals_per_agent``),
+    so one agent sending the same call N times at once held N connections (each kept alive by
+    progress notifications), up to the listener's cap, and other agents' calls were refused.
+    Each call waiting for a decision now takes a slot of its agent's share, attached or not:
+    past it the call is refused (``concurrency_limited``) at once."""
+    from tests.test_approvals import ADMIN_TOKEN
+    from tests.test_mcp_approvals import sse_messages, tool_calls_received
+    from tests.test_mcp_keepalive import kept_policy
+
+    admin_token = tmp_path / "admin.token"
+    admin_token.write_text(ADMIN_TOKEN + "\n")
+    admin_token.chmod(0o600)
+    s = dataclasses.replace(
+        settings,
+        policy=kept_policy(policy_file, "approval_patience: 30s, approval_keepalive: 200ms"),
+        admin_port=0,
+        admin_token_file=admin_token,
+        approvals_per_agent=2,
+    )
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    tok = workspace.token("mcp-bot", ["mcp-agent"])
+    headers = {
+        "Authorization": f"Bearer {tok}",
+        "Accept": "application/json, text/event-stream",
+    }
+
+    async def call(n: int) -> tuple[int, bytes]:
+        message = {
+            "jsonrpc": "2.0",
+            "id": n,
+            "method": "tools/call",
+            "params": {
+                "name": "get_order",
+                "arguments": {"order_id": 1},
+                "_meta": {"progressToken": n},
+            },
+        }
+        resp = await client.post("/tools/mcp", headers=headers, json=message)
+        return resp.status, await resp.read()
+
+    calls = [asyncio.ensure_future(call(n)) for n in range(6)]
+    await asyncio.sleep(1.0)
+    answered = [c.result() for c in calls if c.done()]
+    # Two wait (the share), on one approval; the other four are refused at once.
+    assert len(answered) == 4, answered
+    for status, body in answered:
+        assert status == 200
+        [answer] = sse_messages(body) if body.startswith(b"event:") else [json.loads(body)]
+        assert answer["error"]["data"]["reason"] == "concurrency_limited", answer
+    assert len(await gw.approvals.pending()) == 1
+    [approval] = await gw.approvals.pending()
+    assert await gw.approvals.decide(approval["id"], False, "alice") == "decided"
+    for status, body in await asyncio.gather(*calls):
+        assert status == 200
+        *_, answer = sse_messages(body) if body.startswith(b"event:") else [json.loads(body)]
+        assert answer["error"]["data"]["reason"] in ("concurrency_limited", "approval_denied")
+    assert tool_calls_received(mocks) == []

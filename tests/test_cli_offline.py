@@ -577,3 +577,19 @@ def test_explain_with_an_agent_checks_its_declaration(capsys: pytest.CaptureFixt
     assert code == 1 and d["reason"] == "agent_unknown" and d["status"] == 403
     code, d = explain(capsys, "--agent", "analyst-bot", "--role", "sre-diagnostics", "GET", target)
     assert code == 1 and d["reason"] == "role_not_granted"
+
+
+def test_revoke_with_redis_down_fails_fast_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A revocation issued while the store is down fails loudly and fast, never silently."""
+    import time
+
+    from tests.redis_server import free_port
+
+    started = time.monotonic()
+    code, out, err = run(
+        capsys, "revoke", "--agent", "x", "--state", f"redis://127.0.0.1:{free_port()}/0"
+    )
+    assert code == 2 and out == ""
+    assert time.monotonic() - started < 4.0
+    [line] = err.strip().splitlines()
+    assert line.startswith("capgate: error: could not load revocations from redis at")

@@ -286,6 +286,8 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "audit_rotate_size": "10MB",
         "audit_rotate_interval": "1h",
         "audit_gateway_id": "gw-1",
+        "revocations_file": "/var/lib/capgate/revocations",
+        "jwks_overlap": "10m",
     }
     assert set(samples) == set(FIELDS)
     env = {"CAPGATE_" + k.upper(): v for k, v in samples.items()}
@@ -298,6 +300,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
     assert (s.admin_host, s.health_port, s.health_host) == ("10.1.2.3", 8789, "0.0.0.0")
     assert s.pause_hold == 45.0
+    assert s.revocations_file == Path("/var/lib/capgate/revocations") and s.jwks_overlap == 600
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024
     assert s.shutdown_grace == 3 and s.reload_interval == 2 and s.log_level == "error"
     assert (s.traces_exporter, s.metrics_exporter) == ("otlp", ("otlp",))

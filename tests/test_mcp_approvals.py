@@ -81,6 +81,16 @@ def tool_calls_received(mocks: Mocks) -> list[dict[str, Any]]:
     return calls
 
 
+def sse_messages(data: bytes) -> list[Any]:
+    """The JSON-RPC messages of an event stream's ``data`` lines, event by event."""
+    messages = []
+    for event in re.split(rb"\r\n\r\n|\n\n|\r\r", data):
+        lines = [ln[5:].lstrip(b" ") for ln in event.splitlines() if ln.startswith(b"data:")]
+        if lines:
+            messages.append(json.loads(b"\n".join(lines)))
+    return messages
+
+
 def pending_id(result: Any) -> str:
     assert result.is_error
     [content] = result.content
@@ -137,11 +147,14 @@ async def test_the_answer_is_a_tool_result_for_that_message(
     assert body["id"] == 7 and body["result"]["isError"] is True
     [pending] = await gw.approvals.pending()
     assert pending["id"] in body["result"]["content"][0]["text"]
-    # Another JSON-RPC id (and progress token) is the same call: the same approval.
+    # Another JSON-RPC id (and progress token) is the same call: the same approval. (With a
+    # progress token it is kept alive on an event stream: the answer is its last event.)
     message = {**message, "id": "x-8"}
     message["params"] = {**message["params"], "_meta": {"progressToken": 5}}
     resp = await client.post("/tools/mcp", headers=headers, json=message)
-    body = await resp.json()
+    assert resp.headers["Content-Type"] == "text/event-stream"
+    *notes, body = sse_messages(await resp.read())
+    assert [n["method"] for n in notes] == ["notifications/progress"]
     assert body["id"] == "x-8" and pending["id"] in body["result"]["content"][0]["text"]
     assert len(await gw.approvals.pending()) == 1
     assert tool_calls_received(mocks) == []

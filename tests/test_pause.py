@@ -183,6 +183,35 @@ async def test_stop_cuts_calls_in_flight_and_calls_held_by_a_pause(
     assert await gw.stop("run", "run-1", by="ops-bob", reason="again") == 0
 
 
+async def test_a_stop_survives_a_restart_of_the_gateway_with_memory_state(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    mocks: Mocks,
+    tmp_path: Path,
+    token: Any,
+) -> None:
+    """The README promises a stop lasts: with memory state it is kept in the gateway's
+    revocation journal (beside the audit file) and restored at start."""
+    tok = token("tester", run="run-7")
+    first = make_gateway(settings, workspace, tmp_path)
+    assert first.journal is not None
+    assert first.journal.path == tmp_path / "gw-audit.jsonl.revocations"
+    client = await serve_gateway(first)
+    assert (await client.get(ECHO, headers=bearer(tok))).status == 200
+    await first.stop("run", "run-7", by="ops-bob", reason="rogue")
+    await problem(await client.get(ECHO, headers=bearer(tok)), 401, "token_revoked")
+
+    again = make_gateway(settings, workspace, tmp_path)  # a new process, the same disk
+    client = await serve_gateway(again)
+    await problem(await client.get(ECHO, headers=bearer(tok)), 401, "token_revoked")
+    assert (await client.get(ECHO, headers=bearer(token("tester", run="run-8")))).status == 200
+    [kept] = again.state.revocations()
+    assert (kept["by"], kept["reason"]) == ("ops-bob", "rogue")
+    status, health = await again.health_report()
+    assert status == 200 and health["revocations_journal"]["ok"] is True
+
+
 async def test_an_agent_cancelling_a_held_call_is_client_closed(
     served: tuple[Gateway, Any], token: Any, settings: Settings, tmp_path: Path
 ) -> None:

@@ -65,6 +65,10 @@ roles:
         ('{url: "http://127.0.0.1:9"}', '{url: "http://x", credentials: {type: token}}'),
         ("version: 1", "version: 2"),
         (
+            '{url: "http://127.0.0.1:9"}',
+            '{url: "http://127.0.0.1:9", kind: mcp, mcp: {approval_keepalive: off}}',
+        ),
+        (
             "{id: a, upstream: svc, allow: GET /x}",
             "{id: a, upstream: svc, allow: POST /x, sql: {dialect: oracle, tables: [t], field: q}}",
         ),
@@ -77,6 +81,17 @@ def test_the_schema_and_the_loader_refuse_the_same_mistakes(
     assert text != BASE
     assert list(validator.iter_errors(plain(text))), text
     with pytest.raises(PolicyError):
+        load_policy("policy.yaml", text=text)
+
+
+def test_approval_keepalive_none_is_valid(validator: Draft202012Validator) -> None:
+    for value in ("none", "15s", "200ms", "2"):
+        text = BASE.replace(
+            '{url: "http://127.0.0.1:9"}',
+            f'{{url: "http://127.0.0.1:9", kind: mcp, mcp: {{approval_keepalive: {value}}}}}',
+        )
+        text += 'agents: {"*": [r]}\n'
+        assert list(validator.iter_errors(plain(text))) == [], value
         load_policy("policy.yaml", text=text)
 
 

@@ -99,8 +99,17 @@ def check_as(uid: int, gid: int, groups: str, path: Path) -> subprocess.Complete
         "    print(e); sys.exit(3)\n"
     )
     return subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--",
-         sys.executable, "-c", code, str(path)],
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            f"--groups={groups}",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+            str(path),
+        ],
         env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")},
         capture_output=True,
         text=True,

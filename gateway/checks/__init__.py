@@ -8,30 +8,53 @@ here.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
-from gateway.checks.arguments import ARGUMENTS_KEY_SCHEMA, compile_arguments
-from gateway.checks.body import BODY_KEY_SCHEMA, compile_body
-from gateway.checks.sql.config import SQL_KEY_SCHEMA, compile_sql_check
+import gateway.checks.iri_formats  # noqa: F401 (first: before any check imports jsonschema)
 from gateway.payload import CheckContext, PayloadCheck
 from gateway.policy_file import Node
 
 PayloadCompiler = Callable[[Node, CheckContext], PayloadCheck | None]
 
 
-class CheckKind(NamedTuple):
-    compile: PayloadCompiler
-    schema: Mapping[str, Any]  # JSON Schema of the rule key's value
+class CheckKind:
+    """One payload check, by the module it lives in: the module (and what it imports, such
+    as sqlglot and pglast for ``sql`` or jsonschema for ``body``) is imported when a policy
+    first uses the key or its schema is asked for, so a gateway loads what its policy uses
+    and nothing else."""
+
+    __slots__ = ("module", "_compile_name", "_schema_name")
+
+    def __init__(self, module: str, compile_name: str, schema_name: str) -> None:
+        self.module = module
+        self._compile_name = compile_name
+        self._schema_name = schema_name
+
+    @property
+    def compile(self) -> PayloadCompiler:
+        compiler: PayloadCompiler = getattr(
+            importlib.import_module(self.module), self._compile_name
+        )
+        return compiler
+
+    @property
+    def schema(self) -> Mapping[str, Any]:
+        """JSON Schema of the rule key's value."""
+        schema: Mapping[str, Any] = getattr(importlib.import_module(self.module), self._schema_name)
+        return schema
 
 
 # In the order a rule's checks run: the body's shape first, then what it says.
 PAYLOAD_CHECKS: Mapping[str, CheckKind] = MappingProxyType(
     {
-        "body": CheckKind(compile_body, BODY_KEY_SCHEMA),
-        "arguments": CheckKind(compile_arguments, ARGUMENTS_KEY_SCHEMA),
-        "sql": CheckKind(compile_sql_check, SQL_KEY_SCHEMA),
+        "body": CheckKind("gateway.checks.body", "compile_body", "BODY_KEY_SCHEMA"),
+        "arguments": CheckKind(
+            "gateway.checks.arguments", "compile_arguments", "ARGUMENTS_KEY_SCHEMA"
+        ),
+        "sql": CheckKind("gateway.checks.sql.config", "compile_sql_check", "SQL_KEY_SCHEMA"),
     }
 )
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from gateway.config import Settings
+from gateway.config import Settings, revocations_path
 from gateway.errors import ConfigError
 
 EXIT_USAGE = 2
@@ -139,6 +139,7 @@ def gateway_files(settings: Settings, config: Path | None, token_file: Path | No
         settings.recordings,
         settings.replay_report,
         settings.audit_mirror,
+        revocations_path(settings),
     ]
     if settings.audit is not None:
         paths += [

@@ -18,6 +18,8 @@ from gateway.checks import PAYLOAD_CHECKS, CheckContext, PayloadCheck
 from gateway.policy import spec
 from gateway.policy.agents import AgentDirectory, AgentsRead, read_agents
 from gateway.policy.model import (
+    MCP_KEEPALIVE,
+    MCP_KEEPALIVE_MIN,
     MCP_METHODS,
     MCP_PATIENCE,
     MCP_SUBJECTS,
@@ -168,9 +170,7 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
             if "per_agent" in lim:
                 per_agent = lim["per_agent"].as_int(minimum=1, maximum=concurrency)
     creds = _credentials(name, m["credentials"]) if "credentials" in m else Credentials()
-    batches, tool_refusals, patience = (
-        _mcp_options(name, kind, m["mcp"]) if "mcp" in m else (False, "error", MCP_PATIENCE)
-    )
+    mcp = _mcp_options(name, kind, m["mcp"]) if "mcp" in m else McpOptions()
     untrusted = _untrusted(m)
     if url is None or kind is None or creds is None:
         return None
@@ -186,9 +186,10 @@ def _upstream(key: Node, node: Node) -> Upstream | None:
         per_agent=per_agent or max(1, concurrency // 4),
         max_response_body=resp_limit,
         credentials=creds,
-        mcp_batches=batches,
-        mcp_tool_refusals=tool_refusals,
-        mcp_approval_patience=patience,
+        mcp_batches=mcp.batches,
+        mcp_tool_refusals=mcp.tool_refusals,
+        mcp_approval_patience=mcp.patience,
+        mcp_approval_keepalive=mcp.keepalive,
         untrusted=untrusted,
     )
 
@@ -228,18 +229,44 @@ def _rule_exposure(m: dict[str, Node]) -> _Exposure:
     return _Exposure(_untrusted(m), sensitive, when, evict)
 
 
-def _mcp_options(name: str, kind: str | None, node: Node) -> tuple[bool, str, float]:
-    """An MCP upstream's ``mcp: {batches, tool_refusals, approval_patience}``."""
-    batches, tool_refusals, patience = False, "error", MCP_PATIENCE
+class McpOptions(NamedTuple):
+    """An MCP upstream's ``mcp: {batches, tool_refusals, approval_patience,
+    approval_keepalive}``."""
+
+    batches: bool = False
+    tool_refusals: str = "error"
+    patience: float = MCP_PATIENCE
+    keepalive: float | None = MCP_KEEPALIVE
+
+
+def _mcp_options(name: str, kind: str | None, node: Node) -> McpOptions:
     if kind != "mcp":
         node.fail(f"upstreams.{name}.mcp: only for an upstream of kind mcp")
     opts = node.as_map(optional=spec.MCP_OPTIONS.optional)
-    if opts:
-        batches = bool(opts["batches"].as_bool()) if "batches" in opts else False
-        if "tool_refusals" in opts:
-            tool_refusals = opts["tool_refusals"].as_choice(("error", "result")) or "error"
-        patience = _positive(opts, "approval_patience", patience, "as_duration")
-    return batches, tool_refusals, patience
+    if not opts:
+        return McpOptions()
+    batches = bool(opts["batches"].as_bool()) if "batches" in opts else False
+    tool_refusals = "error"
+    if "tool_refusals" in opts:
+        tool_refusals = opts["tool_refusals"].as_choice(("error", "result")) or "error"
+    patience = _positive(opts, "approval_patience", MCP_PATIENCE, "as_duration")
+    return McpOptions(batches, tool_refusals, patience, _keepalive(opts))
+
+
+def _keepalive(opts: dict[str, Node]) -> float | None:
+    """``approval_keepalive``: a duration of at least ``MCP_KEEPALIVE_MIN``, or none."""
+    node = opts.get("approval_keepalive")
+    if node is None:
+        return MCP_KEEPALIVE
+    if node.value == "none":
+        return None
+    every = node.as_duration()
+    if every is None:
+        return MCP_KEEPALIVE
+    if every < MCP_KEEPALIVE_MIN:
+        node.fail(f"{node.where}: must be at least {MCP_KEEPALIVE_MIN * 1000:g}ms (or none)")
+        return MCP_KEEPALIVE
+    return every
 
 
 def _positive(m: dict[str, Node], key: str, default: Any, how: str) -> Any:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from gateway.payload import PayloadCheck
 
 MCP_PATIENCE = 25.0  # seconds a held MCP tools/call waits before approval_pending
+MCP_KEEPALIVE = 15.0  # seconds between the progress notifications of a held MCP tools/call
+MCP_KEEPALIVE_MIN = 0.1  # ... at the least (the policy cannot make the gateway flood a client)
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -58,6 +60,9 @@ class Upstream:
     mcp_tool_refusals: str = "error"  # MCP: a refused tools/call is a JSON-RPC error | result
     # MCP: how long a held tools/call waits before it is answered approval_pending
     mcp_approval_patience: float = MCP_PATIENCE
+    # MCP: the interval of the progress notifications that keep a held tools/call alive on an
+    # event stream (when its client accepts one and sent a progress token); None: none sent
+    mcp_approval_keepalive: float | None = MCP_KEEPALIVE
     untrusted: bool = False  # trust: untrusted: what it returns was written by third parties
 
     @property

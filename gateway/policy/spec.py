@@ -161,6 +161,15 @@ MCP_OPTIONS = Section(
             "to it and runs once approved",
             DURATION,
         ),
+        Key(
+            "approval_keepalive",
+            "while a tools/call is held for approval, a notifications/progress ('capgate: "
+            "awaiting approval <id>') every this long, on an event stream answering the call, "
+            "so the client does not give up on a silent call (default 15s, at least 100ms; "
+            "none: no notifications). Only for a client that accepts text/event-stream and "
+            "sent a progressToken; the decision's answer is the stream's last event",
+            {"anyOf": [DURATION, {"enum": ["none"]}]},
+        ),
     ),
 )
 UPSTREAM = Section(

@@ -509,6 +509,32 @@ def approval_key(call: Call) -> str | None:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def progress_token(call: Call) -> str | int | None:
+    """The progress token of a POST of one request (``params._meta.progressToken``): the
+    server may send that request's ``notifications/progress`` with it, and only then."""
+    request = _inspection(call)
+    if request is None or request.batch or not request.messages[0].is_request:
+        return None
+    meta = request.messages[0].params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+def accepts_event_stream(call: Call) -> bool:
+    """Whether the client accepts an event stream as the answer to its POST (``Accept``)."""
+    for value in call.headers.getall("Accept", ()):
+        for item in value.split(","):
+            media, _, params = item.partition(";")
+            if media.strip().lower() != "text/event-stream":
+                continue
+            q = [p.strip()[2:] for p in params.split(";") if p.strip().lower().startswith("q=")]
+            try:
+                return not q or float(q[0]) > 0
+            except ValueError:
+                return False
+    return False
+
+
 def listing_ids(call: Call) -> dict[Any, str]:
     """The ids of the call's listing requests, and which listing each one is."""
     request = _inspection(call)

@@ -10,18 +10,30 @@ past its upstream's ``mcp: {approval_patience}`` (``approval_pending``, a tool r
 model reads, with the approval's id). Its approval stays pending; the same call sent again
 (``protocols/mcp.approval_key``: same agent, run, upstream, tool and arguments, whatever its
 JSON-RPC id) attaches to it, and runs once approved, once.
+
+While it waits, a held ``tools/call`` whose client accepts an event stream and sent a
+progress token is kept alive (``held_stream.py``): its answer becomes an event stream of
+``notifications/progress`` every ``mcp: {approval_keepalive}``, and ``respond`` writes the
+decision's answer on it. The notifications stop when the wait ends, however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable
 
 from gateway.approvals import Approvals, Decision, HeldCall
 from gateway.call import Call
 from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalStale
+from gateway.held_stream import HeldStream
 from gateway.inflight import InFlight
-from gateway.protocols.mcp import approval_key
+from gateway.protocols.mcp import (
+    accepts_event_stream,
+    approval_key,
+    jsonrpc_error_body,
+    progress_token,
+)
 from gateway.stages.route import PolicySource
 
 
@@ -54,8 +66,9 @@ class Approve:
         judged_by = call.policy.digest
         # While it waits, a revocation of its token, agent or run must still stop it.
         self.inflight.add(call, asyncio.current_task())
+        stream = call.held_stream = _held_stream(call)
         try:
-            call.approval, decision = await self._held(call, rules, why, judged_by)
+            call.approval, decision = await self._held(call, rules, why, judged_by, stream)
         except ApprovalDenied as exc:
             call.operator = exc.operator
             raise
@@ -69,6 +82,9 @@ class Approve:
             if call.revoked is not None and key is not None:
                 self.approvals.withdraw(key)
             raise
+        finally:
+            if stream is not None:
+                await stream.stop()  # respond writes the answer on it, alone
         call.operator = decision.by
         if self.policies.policy.digest != judged_by:
             raise ApprovalStale(
@@ -86,7 +102,7 @@ class Approve:
         return approval_key(call)
 
     def _held(
-        self, call: Call, rules: str, why: str, judged_by: str
+        self, call: Call, rules: str, why: str, judged_by: str, stream: HeldStream | None
     ) -> Awaitable[tuple[str, Decision]]:
         assert call.claims is not None and call.upstream is not None
         key = self._key(call)
@@ -107,4 +123,21 @@ class Approve:
             ),
             key=key,
             patience=patience,
+            on_wait=stream.waiting if stream is not None else None,
         )
+
+
+def _held_stream(call: Call) -> HeldStream | None:
+    """The event stream that keeps a held MCP tools/call alive, when its upstream sends
+    keepalives and its client accepts an event stream and sent a progress token."""
+    upstream = call.upstream
+    if call.request is None or upstream is None or upstream.kind != "mcp":
+        return None
+    every = upstream.mcp_approval_keepalive
+    if every is None or approval_key(call) is None or not accepts_event_stream(call):
+        return None
+    token = progress_token(call)
+    if token is None:
+        return None
+    refusal = functools.partial(jsonrpc_error_body, call)
+    return HeldStream(call.request, call.request_id, token, every, refusal)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from gateway.call import Call
 from gateway.errors import UpstreamTimeout
-from gateway.telemetry import Telemetry
 from gateway.transport import Transport, UpstreamRequest
+
+if TYPE_CHECKING:
+    from gateway.telemetry import Telemetry
 
 
 class Dispatch:

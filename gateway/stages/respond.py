@@ -4,6 +4,13 @@ Upstream bodies are streamed through chunk by chunk, never held whole. The respo
 limit is enforced as bytes pass; any exact credential value the gateway injected is masked
 if the upstream reflects it (in a header or the body), so the agent never sees it even from
 an upstream that echoes its request.
+
+A held MCP call kept alive on an event stream (``held_stream.py``) already has its head
+sent (200, ``text/event-stream``): its answer is written there as the last events, through
+the same limits, filters and masks. A refusal is its protocol's JSON-RPC answer as an event;
+the upstream's event stream is relayed event by event, its JSON answer becomes one event;
+an upstream answer that cannot be put on the stream (not 2xx, another media type, a content
+coding) is refused as ``upstream_unavailable``. The call's status is the stream's, 200.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from gateway.call import Call
 from gateway.credentials import Reflections, reflections_of
 from gateway.errors import (
     PROBLEM_CONTENT_TYPE,
+    BodyInvalid,
     ClientClosed,
     GatewayError,
     InternalError,
@@ -33,6 +41,7 @@ from gateway.errors import (
 from gateway.http_headers import HOP_BY_HOP, connection_named
 
 if TYPE_CHECKING:
+    from gateway.held_stream import HeldStream
     from gateway.transport import UpstreamResponse
 
 log = logging.getLogger("capgate")
@@ -276,6 +285,9 @@ class Respond:
         self.mac = mac
 
     async def __call__(self, call: Call) -> web.StreamResponse:
+        stream = call.held_stream
+        if stream is not None and stream.response is not None:
+            return await self._onto_stream(call, stream, stream.response)
         if call.error is not None or call.response is None:
             return refusal(call, call.error or InternalError("no response"))
         assert call.upstream is not None and call.protocol is not None
@@ -368,6 +380,116 @@ class Respond:
             call.response_digest = hasher.result()
             await upstream.close()
         return out
+
+    async def _onto_stream(
+        self, call: Call, stream: HeldStream, out: web.StreamResponse
+    ) -> web.StreamResponse:
+        """The answer of a call whose event stream was opened while it was held."""
+        call.status = out.status
+        call.streaming = True  # a revocation from now on cuts the connection
+        try:
+            if call.error is None and call.response is not None:
+                try:
+                    await self._relay(call, stream, call.response)
+                except GatewayError as err:  # refused before any of the answer was written
+                    call.error = err
+            if call.error is not None or call.response is None:
+                body = stream.refusal(call.error or InternalError("no response"))
+                if body is not None:
+                    await stream.send(body)
+            await stream.end()
+        except (_Cut, OSError) as exc:
+            # Part of the answer was written, or the agent is gone: cutting the connection is
+            # the only honest signal left. A refusal the agent did not get stays the reason.
+            if isinstance(exc, _Cut):
+                call.error = exc.error
+            elif call.error is None:
+                call.error = ClientClosed("the agent's connection closed during the response")
+            if call.request is not None and call.request.transport is not None:
+                call.request.transport.close()
+        return out
+
+    async def _relay(self, call: Call, stream: HeldStream, upstream: UpstreamResponse) -> None:
+        """The upstream's answer as the stream's last events; a ``GatewayError`` raised
+        before any of it is written is answered as a refusal."""
+        assert call.upstream is not None and call.protocol is not None
+        limit = call.upstream.max_response_body
+        seen = reflections_of(call.injection.secret.reveal()) if call.injection else None
+        headers = upstream.headers
+        media = headers.get("Content-Type", "").split(";")[0].strip().lower()
+        declared = headers.get("Content-Length")
+        try:
+            if not 200 <= upstream.status < 300 or media not in _ON_STREAM:
+                raise UpstreamError(
+                    f"the MCP server answered HTTP {upstream.status} ({media or 'no media type'})"
+                    ", which cannot be passed on the event stream this held call is answered on"
+                )
+            if "Content-Encoding" in headers and _coded(headers):
+                raise UpstreamError(
+                    "the MCP server answered with a content coding, which cannot be passed on "
+                    "the event stream this held call is answered on"
+                )
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise ResponseTooLarge(f"the upstream's response is larger than {limit} bytes")
+            rewriter = call.protocol.rewrite_response(call, upstream)
+            chunks = _limited(upstream.iter_chunks(), call, limit)
+            if rewriter is not None:
+                chunks = rewriter(chunks, limit)
+            head, chunks = await _head_bytes(chunks)
+            if seen is not None and head.startswith(COMPRESSED_MAGIC):
+                raise _compressed()
+            if media == "application/json":
+                body = b"".join([chunk async for chunk in chunks])
+                if seen is not None:
+                    body = seen.mask(body)
+                if not body.strip():
+                    raise BodyInvalid("the MCP server's answer is empty")
+                call.response_digest = self.mac.of(body)
+                await stream.send(body)
+                return
+            await self._relay_events(call, stream, chunks, seen)
+        finally:
+            await upstream.close()
+
+    async def _relay_events(
+        self,
+        call: Call,
+        stream: HeldStream,
+        chunks: AsyncIterator[bytes],
+        seen: Reflections | None,
+    ) -> None:
+        scrub = Scrubber(seen) if seen is not None else None
+        hasher = self.mac.stream()
+        written = False
+        try:
+            async for chunk in chunks:
+                if scrub is not None:
+                    chunk = scrub.feed(chunk)
+                if chunk:
+                    hasher.update(chunk)
+                    written = True
+                    await stream.write(chunk)
+            if scrub is not None and scrub.tail:
+                tail = scrub.flush()
+                hasher.update(tail)
+                await stream.write(tail)
+        except GatewayError as err:
+            if not written:
+                raise  # nothing of the answer was written: it is refused on the stream
+            raise _Cut(err) from None
+        finally:
+            call.response_digest = hasher.result()
+
+
+_ON_STREAM = frozenset({"application/json", "text/event-stream"})
+
+
+class _Cut(Exception):
+    """An answer on a held call's event stream broke off after part of it was written."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.detail)
+        self.error = error
 
 
 async def _head_bytes(chunks: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator[bytes]]:

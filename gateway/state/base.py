@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from gateway.rates import Rate
     from gateway.state.approval_board import ApprovalBoard
+    from gateway.state.journal import RevocationJournal
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -69,6 +70,8 @@ DEFAULT_PREFIX = "capgate:"
 RevocationKind = Literal["jti", "agent", "run"]
 REVOCATION_KINDS: tuple[RevocationKind, ...] = get_args(RevocationKind)
 RevocationListener = Callable[[str, str], None]
+# (kind, value, until or None for forever, who and why): everything the mirror keeps of it.
+RevocationRecorder = Callable[[str, str, "float | None", "RevocationInfo | None"], None]
 """Called as ``listener(kind, value)``; must be quick and must not block."""
 
 PauseKind = Literal["agent", "run"]
@@ -165,6 +168,12 @@ class StateStore(Protocol):
         """Call ``callback(kind, value)`` whenever the mirror learns a revocation: revoked
         here, published by another gateway, or found in a resync after a disconnect. A
         repeat that changes nothing (e.g. our own message echoed back) is not announced."""
+        ...
+
+    def keep_revocations(self, journal: RevocationJournal) -> int:
+        """Load the journal's live revocations into the mirror, and append to it every
+        revocation the mirror learns from now on; returns how many were loaded. Called
+        before ``start``: the Redis store then writes back what Redis lacks."""
         ...
 
     # --- approvals ----------------------------------------------------------------------
@@ -271,12 +280,17 @@ class Revocations:
         self._info: dict[str, dict[str, RevocationInfo]] = {k: {} for k in REVOCATION_KINDS}
         self._expiry: list[tuple[float, str, str]] = []  # heap of (until, kind, value)
         self._listeners: list[RevocationListener] = []
+        # Told every change with all of it (the revocation journal keeps it on disk).
+        self._recorders: list[RevocationRecorder] = []
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
 
     def add_listener(self, callback: RevocationListener) -> None:
         self._listeners.append(callback)
+
+    def add_recorder(self, callback: RevocationRecorder) -> None:
+        self._recorders.append(callback)
 
     def apply(
         self,
@@ -312,6 +326,12 @@ class Revocations:
         if expires != math.inf:
             heapq.heappush(self._expiry, (expires, kind, value))
         self.prune(now)
+        kept = self._info[kind].get(value)
+        for recorder in tuple(self._recorders):
+            try:
+                recorder(kind, value, None if expires == math.inf else expires, kept)
+            except Exception:
+                log.exception("revocation recorder %r failed for a %s revocation", recorder, kind)
         for listener in tuple(self._listeners):
             try:
                 listener(kind, value)

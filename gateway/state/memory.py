@@ -33,6 +33,7 @@ from gateway.state.base import (
     check_revocation,
     gcra,
 )
+from gateway.state.journal import RevocationJournal, attach
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
@@ -116,6 +117,9 @@ class MemoryStore:
 
     def approval_board(self) -> ApprovalBoard:
         return self._board
+
+    def keep_revocations(self, journal: RevocationJournal) -> int:
+        return attach(self._revocations, journal)
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

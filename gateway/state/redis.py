@@ -107,6 +107,7 @@ from gateway.state.base import (
     check_revocation,
     redact_url,
 )
+from gateway.state.journal import RevocationJournal, attach
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
@@ -357,6 +358,7 @@ class RedisStore:
         self._channel = prefix + "revocations"
         self._pause_channel = prefix + "pauses"
         self._revocations = Revocations()
+        self._persistence_seen: tuple[float, dict[str, Any]] | None = None
         self._pauses = Pauses()
         # Held by pause/resume (shared write + mirror update) and by a resync's snapshot
         # (read + mirror replace): neither interleaves with the other.
@@ -457,7 +459,37 @@ class RedisStore:
         latency_ms = (time.perf_counter() - started) * 1000
         result["reachable"] = True
         result["detail"] = f"redis at {self.target} answered PING in {latency_ms:.1f} ms; {mirror}"
+        persistence = await self._persistence()
+        result["persistence"] = persistence
+        if persistence.get("warning"):
+            result["warnings"] = [persistence["warning"]]
         return result
+
+    async def _persistence(self) -> dict[str, Any]:
+        """Whether Redis keeps anything on disk (AOF, RDB snapshots), read at most once a
+        minute. Without either, a restart empties it: rate limits, quotas, pauses, taints
+        and pending approvals are lost (revocations survive in the gateways' journals)."""
+        now = time.monotonic()
+        if self._persistence_seen is not None and now - self._persistence_seen[0] < 60.0:
+            return self._persistence_seen[1]
+        try:
+            aof = await self._call("CONFIG GET", lambda: self._client.config_get("appendonly"))
+            save = await self._call("CONFIG GET", lambda: self._client.config_get("save"))
+        except StateUnavailable as exc:
+            # Managed services often disable CONFIG: say it is unknown, once a minute.
+            found: dict[str, Any] = {"known": False, "detail": exc.detail}
+        else:
+            on_aof = str(aof.get("appendonly", "no")).lower() == "yes"
+            on_rdb = bool(str(save.get("save", "")).strip())
+            found = {"known": True, "aof": on_aof, "rdb": on_rdb}
+            if not (on_aof or on_rdb):
+                found["warning"] = (
+                    f"redis at {self.target} keeps nothing on disk (no AOF, no RDB "
+                    "snapshots): a restart loses rate limits, quotas, pauses, taints and "
+                    "pending approvals; revocations survive in the gateways' journals"
+                )
+        self._persistence_seen = (now, found)
+        return found
 
     # --- revocations --------------------------------------------------------------------
 
@@ -490,8 +522,13 @@ class RedisStore:
             )
 
     def is_revoked(self, jti: str, agent: str, run: str | None) -> RevocationKind | None:
-        self._check_synced()
-        return self._revocations.match(jti, agent, run, now=time.time())
+        # What the mirror knows is enforced even while it is out of sync: only a "not
+        # revoked" needs a current mirror (so on_state_error: allow never admits a
+        # revocation this gateway has heard of).
+        kind = self._revocations.match(jti, agent, run, now=time.time())
+        if kind is None:
+            self._check_synced()
+        return kind
 
     def approval_board(self) -> ApprovalBoard:
         return self._board
@@ -499,6 +536,9 @@ class RedisStore:
     def revocations(self) -> list[dict[str, Any]]:
         self._check_synced()
         return self._revocations.listing(now=time.time())
+
+    def keep_revocations(self, journal: RevocationJournal) -> int:
+        return attach(self._revocations, journal)
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

@@ -130,6 +130,8 @@ def test_annotations_and_x_keywords_are_accepted() -> None:
         ("ipv4", "10.0.0.1", "10.0.0.256"),
         ("uuid", "12345678-1234-5678-1234-567812345678", "1234"),
         ("hostname", "db.internal", "-bad-.host"),
+        ("iri", "https://例え.jp/パス", "not an iri"),
+        ("iri-reference", "/パス?q=1", "a b"),
     ],
 )
 async def test_format_is_asserted(fmt: str, good: str, bad: str) -> None:
@@ -167,3 +169,26 @@ def test_any_keyword_outside_draft_2020_12_is_refused(keyword: str) -> None:
     with pytest.raises(PolicyError) as info:
         policy_with(text)
     assert info.value.issues[0].line == 13
+
+
+def test_the_iri_grammar_is_loaded_only_by_a_policy_that_uses_it() -> None:
+    """Its import builds a grammar (~1.6 s, most of start-up): a gateway whose policy has no
+    ``iri`` format never pays for it; one whose policy has one pays while the policy loads."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    probe = (
+        "import sys, gateway.app\n"
+        "from gateway.testing import policy_from_text\n"
+        "stand_in = lambda: getattr(sys.modules['rfc3987_syntax'], '__capgate_stand_in__', 0)\n"
+        "print(stand_in())\n"
+        "policy_from_text(sys.stdin.read())\n"
+        "print(stand_in())\n"
+    )
+    text = HEAD + "            properties: {a: {type: string, format: iri}}\n"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], input=text, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.stdout.split() == ["True", "0"], done.stderr

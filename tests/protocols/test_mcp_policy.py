@@ -4,6 +4,7 @@ the agent's answers to the server, sessions; refusals in the shapes clients use.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -300,3 +301,37 @@ roles:
             policy_from_text(upstreams(f", mcp: {{approval_patience: {bad}}}"))
         issues = "\n".join(str(i) for i in info.value.issues)
         assert message in issues, issues
+
+
+def test_approval_keepalive_of_an_mcp_upstream() -> None:
+    def upstreams(options: str) -> str:
+        return f"""
+version: 1
+agents: {{"*": [r]}}
+upstreams:
+  tools: {{url: "http://127.0.0.1:9", kind: mcp{options}}}
+roles:
+  r:
+    rules:
+      - {{id: x, upstream: tools, allow: POST /mcp, tool: echo}}
+"""
+
+    def keepalive(options: str) -> float | None:
+        return policy_from_text(upstreams(options)).upstreams["tools"].mcp_approval_keepalive
+
+    assert keepalive("") == 15.0
+    assert keepalive(", mcp: {approval_patience: 1m}") == 15.0
+    assert keepalive(", mcp: {approval_keepalive: 200ms}") == 0.2
+    assert keepalive(", mcp: {approval_keepalive: 2}") == 2.0
+    assert keepalive(", mcp: {approval_keepalive: none}") is None
+    for bad, message in (
+        ("0s", "at least 100ms"),
+        ("50ms", "at least 100ms"),
+        ("soon", "approval_keepalive"),
+        ("off", "approval_keepalive"),
+    ):
+        with pytest.raises(PolicyError) as info:
+            policy_from_text(upstreams(f", mcp: {{approval_keepalive: {bad}}}"))
+        issues = "\n".join(str(i) for i in info.value.issues)
+        assert message in issues, issues
+        assert re.search(r":\d+:\d+", issues), issues  # FILE:LINE:COL

@@ -672,6 +672,19 @@ def agent_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.Stre
     return handle
 
 
+def health_handler(gw: Gateway) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """What answers on the health listener (``--health-port``): ``GET /_capgate/health`` and
+    nothing else. It is what a kubelet probes on the pod IP while the agents' port stays on
+    loopback: no agent call, no admin route is ever served here."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.raw_path == HEALTH_PATH and request.method in ("GET", "HEAD"):
+            return await _health(gw)
+        return web.Response(status=404, text="only GET /_capgate/health is served here\n")
+
+    return handle
+
+
 def create_server(gw: Gateway) -> web.Server:
     """The agents' listener (aiohttp's low-level server: no router, no middleware, with the
     connection guard of ``listener.py``); its resources are opened by ``running(gw)``. Call
@@ -786,24 +799,43 @@ async def _listen(
         raise ConfigError(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
+    extra: list[web.BaseRunner] = []  # the admin and health listeners, cleaned up last
     admin_runner: web.AppRunner | None = None
-    if settings.admin_port is not None and gw.operators is not None:
-        telemetry = gw.telemetry
-        metrics = telemetry.prometheus_text if telemetry and telemetry.plan.prometheus else None
-        admin_app = create_admin_app(gw, gw.operators, metrics=metrics)
-        # Event streams never end by themselves: at shutdown they are cut after a moment.
-        admin_runner = web.AppRunner(
-            admin_app, handle_signals=False, access_log=None, shutdown_timeout=CANCEL_WAIT
-        )
-        await admin_runner.setup()
-        try:
-            await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
-        except OSError as exc:
-            await admin_runner.cleanup()
-            await runner.cleanup()
-            raise ConfigError(
-                f"cannot listen on {settings.host}:{settings.admin_port} (admin): {exc.strerror}"
-            ) from exc
+    health_runner: web.ServerRunner | None = None
+    try:
+        if settings.admin_port is not None and gw.operators is not None:
+            telemetry = gw.telemetry
+            metrics = telemetry.prometheus_text if telemetry and telemetry.plan.prometheus else None
+            admin_app = create_admin_app(gw, gw.operators, metrics=metrics)
+            # Event streams never end by themselves: at shutdown they are cut after a moment.
+            admin_runner = web.AppRunner(
+                admin_app, handle_signals=False, access_log=None, shutdown_timeout=CANCEL_WAIT
+            )
+            await _start_site(
+                admin_runner,
+                extra,
+                settings.admin_host or settings.host,
+                settings.admin_port,
+                "admin",
+            )
+        if settings.health_port is not None:
+            health_runner = web.ServerRunner(
+                web.Server(health_handler(gw), **SERVER_OPTIONS),
+                handle_signals=False,
+                shutdown_timeout=CANCEL_WAIT,
+            )
+            await _start_site(
+                health_runner,
+                extra,
+                settings.health_host or settings.host,
+                settings.health_port,
+                "health",
+            )
+    except ConfigError:
+        for other in reversed(extra):
+            await other.cleanup()
+        await runner.cleanup()
+        raise
     port = runner.addresses[0][1] if runner.addresses else settings.port  # real port for 0
     url = listen.url or f"http://{settings.host}:{port}"
     stop = asyncio.Event()
@@ -816,9 +848,8 @@ async def _listen(
         "health": f"{url}{HEALTH_PATH}",
         "policy": str(settings.policy),
         "state": gw.state.backend,
-        "admin": (
-            f"http://{settings.host}:{admin_runner.addresses[0][1]}" if admin_runner else None
-        ),
+        "admin": _runner_url(admin_runner, settings.admin_host or settings.host),
+        "health_listener": _runner_url(health_runner, settings.health_host or settings.host),
         "pid": os.getpid(),
     }
     print(
@@ -847,6 +878,26 @@ async def _listen(
         # audited as gateway_stopping either way.
         gw.inflight.cut_all()
         await runner.cleanup()
-        if admin_runner is not None:
-            await admin_runner.cleanup()
+        for other in reversed(extra):
+            await other.cleanup()
     return code
+
+
+async def _start_site(
+    runner: web.BaseRunner, started: list[web.BaseRunner], host: str, port: int, name: str
+) -> None:
+    """Set up and start one more listener; ``started`` gets it (for the cleanup) at once."""
+    await runner.setup()
+    started.append(runner)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({name}): {exc.strerror}") from exc
+
+
+def _runner_url(runner: web.BaseRunner | None, host: str) -> str | None:
+    """The URL a listener was asked for, with its real port (port 0: any free one)."""
+    if runner is None or not runner.addresses:
+        return None
+    port = runner.addresses[0][1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

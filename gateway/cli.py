@@ -144,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--otlp-endpoint", dest="otlp_endpoint", help="OTLP/HTTP base URL")
     s.add_argument("--service-name", dest="service_name", help="service.name (default capgate)")
     s.add_argument("--admin-port", dest="admin_port", help="admin API (approvals) port")
+    s.add_argument(
+        "--admin-host", dest="admin_host", help="admin listener address (default: --host)"
+    )
+    s.add_argument(
+        "--health-port", dest="health_port", help="a listener serving only the health check"
+    )
+    s.add_argument(
+        "--health-host", dest="health_host", help="health listener address (default: --host)"
+    )
     s.add_argument("--admin-token-file", dest="admin_token_file", help="admin bearer token file")
     s.add_argument(
         "--operators", dest="operators_file", help="named operators file (capgate operators add)"

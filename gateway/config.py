@@ -46,7 +46,12 @@ sample                 (none: keep all)     record mode: fraction of uneventful 
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
 log_level              info                 debug, info, warning, error
-admin_port             (none: off)          admin API listener (approvals), on ``host``
+admin_port             (none: off)          admin API listener (approvals), on ``admin_host``
+admin_host             ``host``             the admin listener's address (a sidecar: the pod
+                                            IP, never the loopback the agent shares)
+health_port            (none: off)          a listener answering only ``GET /_capgate/health``
+                                            (for the kubelet's probes, on the pod IP)
+health_host            ``host``             the health listener's address
 admin_token_file       (none)               one admin token for the admin API (a 0600 file;
                                             acts as the operator ``admin``)
 operators_file         (none)               named operators of the admin API, with roles
@@ -136,6 +141,9 @@ class Settings:
     log_level: str = "info"
     traces: str | None = None
     admin_port: int | None = None
+    admin_host: str | None = None  # None: ``host``
+    health_port: int | None = None
+    health_host: str | None = None  # None: ``host``
     admin_token_file: Path | None = None
     operators_file: Path | None = None
     approval_timeout: float = 300.0
@@ -375,6 +383,9 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "log_level": _choice("debug", "info", "warning", "error"),
     "traces": _traces,
     "admin_port": _port,
+    "admin_host": _text,
+    "health_port": _port,
+    "health_host": _text,
     "admin_token_file": _optional_path,
     "operators_file": _optional_path,
     "approval_timeout": _positive_duration,
@@ -464,6 +475,29 @@ def _read_environ(raw: dict[str, tuple[str, Any]], environ: Mapping[str, str]) -
             raw[key] = (env, environ[env])
 
 
+def _check_ports(values: dict[str, Any]) -> None:
+    """The listeners' addresses: none twice (port 0, any free port, never clashes)."""
+    host = values.get("host", "127.0.0.1")
+    seen: dict[tuple[str, int], str] = {}
+    for name, port_key, host_key in (
+        ("agent", "port", "host"),
+        ("admin", "admin_port", "admin_host"),
+        ("health", "health_port", "health_host"),
+    ):
+        port = values.get(port_key, 8787 if port_key == "port" else None)
+        if port is None or port == 0:
+            if host_key != "host" and host_key in values and port is None:
+                raise ConfigError(f"{host_key} is set but {port_key} is not")
+            continue
+        where = (values.get(host_key, host), port)
+        if where in seen:
+            raise ConfigError(
+                f"the {name} listener and the {seen[where]} listener are both set to "
+                f"{where[0]}:{where[1]}"
+            )
+        seen[where] = name
+
+
 def _check_together(values: dict[str, Any]) -> None:
     """Settings that need each other."""
     for key in ("policy", "jwks"):
@@ -483,6 +517,7 @@ def _check_together(values: dict[str, Any]) -> None:
             "admin_port needs operators: --operators FILE (capgate operators add) "
             "or --admin-token-file"
         )
+    _check_ports(values)
     if values.get("mode", "live") != "live" and values.get("recordings") is None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
 

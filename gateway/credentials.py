@@ -11,8 +11,9 @@ An upstream's ``credentials`` in the policy names how the gateway authenticates 
 =============  ===========================================================================
 
 Secrets are references: ``env:NAME`` or ``file:PATH``; ``{agent}`` in either is replaced by
-the agent id so each agent has its own secret. A secret file must not be readable by group
-or others (checked at start for fixed paths, at first use for per-agent ones). Values are
+the agent id so each agent has its own secret. A secret file must pass ``check_secret_file``
+(owner-only, or group-readable in one of capgate's groups as Kubernetes mounts secrets;
+checked at start for fixed paths, at first use for per-agent ones). Values are
 held in ``Secret`` objects whose ``repr`` is masked, and are never put in an error.
 """
 

@@ -252,6 +252,9 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "log_level": "error",
         "traces": "console",
         "admin_port": "8788",
+        "admin_host": "10.1.2.3",
+        "health_port": "8789",
+        "health_host": "0.0.0.0",
         "admin_token_file": "admin.token",
         "operators_file": "operators.yaml",
         "approval_timeout": "90s",
@@ -295,6 +298,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)
+    assert (s.admin_host, s.health_port, s.health_host) == ("10.1.2.3", 8789, "0.0.0.0")
     assert s.pause_hold == 45.0
     assert s.revocations_file == Path("/var/lib/capgate/revocations") and s.jwks_overlap == 600
     assert s.tokens.leeway == 1 and s.tokens.max_size == 1024

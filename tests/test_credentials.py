@@ -141,7 +141,7 @@ def test_world_readable_file_refused_at_check_policy(tmp_path: Path) -> None:
     assert "mode 644" in str(info.value) and "chmod 600" in str(info.value)
 
 
-@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o660])
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o620, 0o602, 0o660, 0o460, 0o750])
 def test_group_or_other_bits_refused(tmp_path: Path, mode: int) -> None:
     secret_file(tmp_path / "db.token", "s", mode=mode)
     with pytest.raises(ConfigError, match="group or others"):

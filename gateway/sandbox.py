@@ -1,9 +1,9 @@
 """``capgate sandbox run``: a command that can reach nothing but the gateway.
 
-The command runs in new network, mount, PID, IPC and UTS namespaces (and a user namespace,
-as an unprivileged user) built by ``bwrap`` (bubblewrap). The gateway runs *outside*, in this
-process, with the host's network, so it reaches the upstreams; only its listening socket is
-inside. That socket is made in the sandbox's network namespace before the command starts:
+The command runs in new network, mount, PID, IPC and UTS namespaces built by ``bwrap``
+(bubblewrap), as an unprivileged user with no capabilities. The gateway runs *outside*, in
+this process, with the host's network, so it reaches the upstreams; only its listening socket
+is inside. That socket is made in the sandbox's network namespace before the command starts:
 
 1. a short-lived thread unshares a new network namespace (``unshare(CLONE_NEWNET)`` affects
    only the calling thread), brings its loopback up, binds ``127.0.0.1:8787`` there, listens,
@@ -11,11 +11,13 @@ inside. That socket is made in the sandbox's network namespace before the comman
    namespace it was created in: the gateway accepts on it from outside, and nothing else
    listens inside. The namespace has no other interface, no route and no resolver: no other
    local port, no outside address, no DNS.
-2. the command is started as ``nsenter --net=<handle> -- setpriv --reuid=U --regid=G
-   --clear-groups -- bwrap ... -- COMMAND``: in that network namespace, as an unprivileged
-   user (so a root-owned file that is visible stays unreadable: a user namespace mapped to
-   root would own them), in a file system view built from read-only system directories, the
-   working directory and what ``--expose``/``--writable`` name, with a fresh ``/tmp``,
+2. the command is started as ``nsenter --net=<handle> -- bwrap ... -- setpriv --reuid=U
+   --regid=G --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all -- COMMAND``:
+   in that network namespace; bwrap (as root) builds the view, then the command runs as an
+   unprivileged user (so a root-owned file that is visible stays unreadable: a user
+   namespace mapped to root would own them), in a file system view built from read-only
+   system directories, the working directory and what ``--expose``/``--writable`` name,
+   with a fresh ``/tmp``,
    ``/run``, ``/proc`` and ``/dev``. Every file the gateway reads (keys, policy, credentials,
    audit, configuration) is masked where it would be visible; the environment is cleared
    (the gateway's credentials live in its own environment) and holds only what is listed in

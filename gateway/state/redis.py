@@ -108,6 +108,7 @@ from gateway.state.base import (
     redact_url,
 )
 from gateway.state.journal import RevocationJournal, attach
+from gateway.state.leases import LEASE_LUA, Leases, lease_size
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
@@ -406,6 +407,8 @@ class RedisStore:
     def _finish_init(self, prefix: str) -> None:
         self.prefix = prefix
         self._rate_script = self._client.register_script(RATE_LUA)
+        self._lease_script = self._client.register_script(LEASE_LUA)
+        self._leases = Leases(self._lease)
         self._quota_script = self._client.register_script(QUOTA_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
         self._board = RedisApprovalBoard(self._client, prefix, self._call)
@@ -484,6 +487,7 @@ class RedisStore:
         of calls never races to load one (each load fans out to all the nodes)."""
         scripts = (
             RATE_LUA,
+            LEASE_LUA,
             QUOTA_LUA,
             REVOKE_LUA,
             PAUSE_LUA,
@@ -676,11 +680,21 @@ class RedisStore:
 
     async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
         check_cost(cost, rate)
+        if cost == 1 and lease_size(rate) > 1:
+            return await self._leases.take(key, rate)  # no round trip while a lease lasts
         keys = [f"{self.prefix}rate:{key}"]
         args = [rate.interval(_US), rate.burst, cost]
         reply = await self._call("take", lambda: self._rate_script(keys=keys, args=args))
         allowed, retry_us, remaining = (int(x) for x in reply)
         return Admission(bool(allowed), retry_us / _US, remaining)
+
+    async def _lease(self, key: str, rate: Rate, wanted: int) -> tuple[int, float, int]:
+        """One refill of ``Leases``: up to ``wanted`` tokens of the shared bucket."""
+        keys = [f"{self.prefix}rate:{key}"]
+        args = [rate.interval(_US), rate.burst, wanted]
+        reply = await self._call("take", lambda: self._lease_script(keys=keys, args=args))
+        granted, retry_us, left = (int(x) for x in reply)
+        return granted, retry_us / _US, left
 
     # --- quotas -------------------------------------------------------------------------
 

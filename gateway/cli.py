@@ -6,7 +6,7 @@
     capgate token inspect TOKEN [--jwks FILE]
     capgate policy check FILE...
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
-    capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
+    capgate policy test [--policy FILE] [TESTS.yaml... | RECORDING_DIR...] [--json]
     capgate policy schema
     capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
     capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
@@ -204,9 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--statement-timeout", default="5s", help="postgres: the role's timeout")
     pg.add_argument("--source", default="full.db", help="sqlite: the full database to copy")
     pg.add_argument("policy", nargs="?", type=Path, default=Path("policy.yaml"))
-    pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
-    pt.add_argument("--policy", required=True, type=Path)
-    pt.add_argument("recording", type=Path)
+    pt = psub.add_parser(
+        "test",
+        help="run policy test files (NAME.tests.yaml) and recordings through a policy",
+        description="Run the cases of policy test files through the policy, as the gateway "
+        "would decide them, and print a table; with a recording directory, replay its calls "
+        "through the policy and list the decisions that change. Exit 0 when all passed, 1 "
+        "when a case failed, a call regressed or nothing was checked, 2 on a malformed file.",
+    )
+    pt.add_argument(
+        "--policy",
+        type=Path,
+        help="the policy to test (default: the one each test file names with policy:)",
+    )
+    pt.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="TESTS.yaml|RECORDING_DIR",
+        help="test files, or recording directories (default: POLICY's NAME.tests.yaml and "
+        "NAME.tests/*.yaml)",
+    )
+    pt.add_argument("--json", action="store_true", help="print the results as one JSON object")
     pt.add_argument(
         "--allow-regressions",
         action="store_true",
@@ -346,9 +365,14 @@ def cmd_policy(args: argparse.Namespace) -> int:
         print(json.dumps(policy_schema(), indent=2))
         return EXIT_OK
     if args.policy_command == "test":
-        from gateway.commands.recording import cmd_policy_test
+        from gateway.commands.policy_tests import cmd_policy_test
 
-        return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
+        return cmd_policy_test(
+            args.policy,
+            args.paths,
+            allow_regressions=args.allow_regressions,
+            as_json=args.json,
+        )
     if args.policy_command == "grants":
         return _cmd_policy_grants(args)
     if args.policy_command == "check":

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
@@ -147,7 +147,16 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
 
 
 def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool = False) -> int:
-    """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied."""
+    """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied or
+    when no call could be checked."""
+    return regression_report(policy_file, directory, allow_regressions)[0]
+
+
+def regression_report(
+    policy_file: Path, directory: Path, allow_regressions: bool = False, as_json: bool = False
+) -> tuple[int, dict[str, Any] | None]:
+    """The exit status of a regression run, and its report as data (printed as text unless
+    ``as_json``). A run that checked no call fails (exit 1): it proved nothing."""
     from gateway.commands.regression import policy_test
     from gateway.policy.load import load_policy
     from gateway.policy_file import PolicyError
@@ -155,21 +164,28 @@ def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool 
     try:
         policy = load_policy(policy_file)
     except PolicyError as exc:
-        return _error("policy test", f"policy {policy_file} has errors:\n{exc}")
+        return _error("policy test", f"policy {policy_file} has errors:\n{exc}"), None
     except OSError as exc:
-        return _error("policy test", f"{policy_file}: {exc.strerror}")
+        return _error("policy test", f"{policy_file}: {exc.strerror}"), None
     try:
         report = asyncio.run(policy_test(policy, directory))
     except RecordingError as exc:
-        return _error("policy test", str(exc))
-    print(report.text())
+        return _error("policy test", str(exc)), None
     code = report.exit_code(allow_regressions)
-    if report.regressions and allow_regressions:
+    if not as_json:
+        print(report.text())
+        if report.regressions and allow_regressions:
+            print(
+                f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
+                "--allow-regressions)"
+            )
+    if report.checked == 0:
         print(
-            f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
-            "--allow-regressions)"
+            f"capgate policy test: error: {directory}: 0 calls checked "
+            f"({len(report.skipped)} skipped: {report.skip_summary()}); nothing was compared",
+            file=sys.stderr,
         )
-    return code
+    return code, report.as_dict()
 
 
 # --- capgate replay DIR -- COMMAND ------------------------------------------------------------

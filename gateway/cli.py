@@ -7,7 +7,7 @@
     capgate policy check FILE...
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test [--policy FILE] [TESTS.yaml... | RECORDING_DIR...] [--json]
-    capgate policy schema
+    capgate policy schema [--markdown] [-o FILE]
     capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
     capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
@@ -192,9 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--body", "-d", help="request body, or @FILE")
     pe.add_argument("method")
     pe.add_argument("url")
-    psub.add_parser(
+    ps = psub.add_parser(
         "schema", help="print the JSON Schema of the policy file (for editors and linters)"
     )
+    ps.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the reference of every key (docs/policy-reference.md) instead",
+    )
+    ps.add_argument("-o", "--out", type=Path, help="write to this file instead of stdout")
     pg = psub.add_parser(
         "grants", help="print the database grants that mirror a rule's sql: policy"
     )
@@ -360,10 +366,9 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy_file import PolicyError
 
     if args.policy_command == "schema":
-        from gateway.policy.spec import policy_schema
+        from gateway.policy.reference import reference_markdown, schema_text
 
-        print(json.dumps(policy_schema(), indent=2))
-        return EXIT_OK
+        return _write_out(reference_markdown() if args.markdown else schema_text(), args.out)
     if args.policy_command == "test":
         from gateway.commands.policy_tests import cmd_policy_test
 
@@ -426,6 +431,18 @@ def cmd_policy(args: argparse.Namespace) -> int:
     )
     print(json.dumps(decision, indent=2, default=str))
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
+
+
+def _write_out(text: str, out: Path | None) -> int:
+    """``text`` to stdout, or to ``out`` (``-``: stdout)."""
+    if out is None or str(out) == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{out}: {exc.strerror}") from None
+    return EXIT_OK
 
 
 def _cmd_policy_grants(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@
     capgate token mint --key PEM --agent ID --role ROLE [--role ...] [--ttl 5m] [--run RUN]
     capgate token inspect TOKEN [--jwks FILE]
     capgate policy check FILE...
+    capgate policy lint FILE... [--json] [--show-silenced]
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
     capgate policy test [--policy FILE] [TESTS.yaml... | RECORDING_DIR...] [--json]
     capgate policy schema [--markdown] [-o FILE]
@@ -182,6 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
     psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="print FILE:LINE:COL errors; exit 1 if any")
     pc.add_argument("files", nargs="+", type=Path)
+    pl = psub.add_parser(
+        "lint",
+        help="warn about rules broader than they look (CG101...); exit 1 if any",
+        description="Warn about what is legal but probably a mistake: CG101 a pattern that "
+        "accepts anything, CG102 an unconstrained path parameter, CG103 a POST/PUT/PATCH "
+        "rule without a body check, CG104 a rule shadowed by an earlier one, CG105 an unused "
+        "upstream, CG106 a role no agent holds. Silence one on purpose with a comment on its "
+        "line (or alone on the line above): '# capgate: allow CG102'. Exit 0 when nothing "
+        "is left to say, 1 when there are warnings, 2 when a policy does not load.",
+    )
+    pl.add_argument("files", nargs="+", type=Path, help="policy files")
+    pl.add_argument("--json", action="store_true", help="print the warnings as one JSON object")
+    pl.add_argument("--show-silenced", action="store_true", help="list the silenced warnings too")
     pe = psub.add_parser("explain", help="print the decision for a call, as JSON")
     pe.add_argument("--policy", required=True, type=Path)
     pe.add_argument("--role", action="append", required=True, dest="roles")
@@ -378,6 +392,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
             allow_regressions=args.allow_regressions,
             as_json=args.json,
         )
+    if args.policy_command == "lint":
+        return _cmd_policy_lint(args)
     if args.policy_command == "grants":
         return _cmd_policy_grants(args)
     if args.policy_command == "check":
@@ -431,6 +447,48 @@ def cmd_policy(args: argparse.Namespace) -> int:
     )
     print(json.dumps(decision, indent=2, default=str))
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
+
+
+def _cmd_policy_lint(args: argparse.Namespace) -> int:
+    from gateway.policy.lint import lint_file
+    from gateway.policy_file import PolicyError
+
+    warnings: list[Any] = []
+    errors: list[str] = []
+    for path in args.files:
+        try:
+            warnings.extend(lint_file(path))
+        except PolicyError as exc:
+            errors.extend(str(i) for i in exc.issues)
+    active = [w for w in warnings if not w.silenced]
+    if args.json:
+        shown = warnings if args.show_silenced else active
+        print(
+            json.dumps(
+                {
+                    "ok": not active and not errors,
+                    "warnings": [w.as_json() for w in shown],
+                    "silenced": len(warnings) - len(active),
+                    "errors": errors,
+                },
+                indent=2,
+            )
+        )
+    else:
+        for line in errors:
+            print(line)
+        for w in warnings if args.show_silenced else active:
+            print(f"{w} (silenced)" if w.silenced else w)
+        if not errors:
+            quiet = len(warnings) - len(active)
+            print(
+                f"{len(active)} warning(s)"
+                + (f", {quiet} silenced with '# capgate: allow'" if quiet else "")
+                + f" in {len(args.files)} file(s)"
+            )
+    if errors:
+        return EXIT_USAGE
+    return EXIT_NEGATIVE if active else EXIT_OK
 
 
 def _write_out(text: str, out: Path | None) -> int:

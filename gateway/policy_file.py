@@ -158,6 +158,30 @@ class Node:
                 pass
         return Node(key, self.path, line, col, self.where, self.issues)
 
+    # -- navigation (no checks, no issues: for tools that read a loaded file again) ----------
+
+    def get(self, key: str) -> Node | None:
+        """The child at ``key`` of a mapping, or None."""
+        if isinstance(self.value, dict) and key in self.value:
+            return self._child(key, self.value[key])
+        return None
+
+    def key_at(self, key: str) -> Node:
+        """The node of a mapping's key itself (its position is the key's)."""
+        return self._key_node(key)
+
+    def items(self) -> list[tuple[str, Node]]:
+        """A mapping's (string key, child) pairs; empty for anything else."""
+        if not isinstance(self.value, dict):
+            return []
+        return [(k, self._child(k, v)) for k, v in self.value.items() if isinstance(k, str)]
+
+    def elements(self) -> list[Node]:
+        """A list's children; empty for anything else."""
+        if not isinstance(self.value, list):
+            return []
+        return [self._child(i, v) for i, v in enumerate(self.value)]
+
     def as_map(
         self, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
     ) -> dict[str, Node] | None:

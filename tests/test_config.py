@@ -48,7 +48,7 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     )
     s = load_settings({}, {}, cfg)
     assert (s.port, s.host, s.log_level, s.tokens.leeway) == (1001, "10.0.0.1", "debug", 5)
-    assert s.policy == Path("file.yaml")
+    assert s.policy == tmp_path / "file.yaml"  # relative to the config file
     env = {"CAPGATE_PORT": "1002", "CAPGATE_HOST": "10.0.0.2"}
     s = load_settings({}, env, cfg)
     assert (s.port, s.host, s.log_level) == (1002, "10.0.0.2", "debug")

@@ -173,7 +173,7 @@ def test_no_test_files_is_a_failure(policy: Path, capsys: pytest.CaptureFixture[
     code, out, err = run(capsys, "policy", "test", "--policy", str(policy))
     assert code == 1 and out == ""
     assert err.count("\n") == 1
-    assert err.startswith("capgate policy test: error: no test files for ")
+    assert err.startswith("capgate: error: policy test: no test files for ")
     assert "checked nothing" in err
     code, _, err = run(capsys, "policy", "test", str(policy.with_name("none.yaml")))
     assert code == 2 and "no such test file" in err
@@ -193,7 +193,7 @@ def test_a_recording_that_checks_nothing_fails(
     assert "0 call(s) checked" in out
     [line] = err.splitlines()
     assert line == (
-        f"capgate policy test: error: {directory}: 0 calls checked (3 skipped: no roles "
+        f"capgate: error: policy test: {directory}: 0 calls checked (3 skipped: no roles "
         "recorded for this call (3)); nothing was compared"
     )
     code, out, _ = run(capsys, "policy", "test", "--policy", str(policy), str(directory), "--json")

@@ -520,7 +520,7 @@ def run_case_files(policy_path: Path, paths: list[Path]) -> CaseReport:
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
-        lines = [f"capgate policy test: error: policy {policy_path} has errors:"]
+        lines = [f"capgate: error: policy test: policy {policy_path} has errors:"]
         raise CaseFileError(lines + [str(i) for i in exc.issues], positions=True) from None
     ids = list(policy.rules_by_id)
     files: list[CaseFile] = []
@@ -542,7 +542,7 @@ def _fail(lines: list[str], code: int = 2, positions: bool = False) -> int:
         for line in lines:
             print(line, file=sys.stderr)
     else:
-        print(f"capgate policy test: error: {' '.join(lines)}", file=sys.stderr)
+        print(f"capgate: error: policy test: {' '.join(lines)}", file=sys.stderr)
     return code
 
 

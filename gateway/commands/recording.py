@@ -1,7 +1,7 @@
 """Command functions for ``capgate recording ...``, ``capgate policy test`` and ``capgate replay``.
 
 ``cli.py`` parses the arguments and calls these; each prints its result, prints one readable
-line (``capgate <command>: error: ...``) on failure, and returns the exit status:
+line (``capgate: error: <command>: ...``) on failure, and returns the exit status:
 0 ok, 1 a negative verdict (secrets found, a regression, misses, the command failed), 2 the
 command could not run (bad input, no recording, the gateway did not start).
 
@@ -16,6 +16,7 @@ command could not run (bad input, no recording, the gateway did not start).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import signal
@@ -39,7 +40,7 @@ STOP_TIMEOUT = 15.0
 
 
 def _error(command: str, message: str) -> int:
-    print(f"capgate {command}: error: {message}", file=sys.stderr)
+    print(f"capgate: error: {command}: {message}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -56,25 +57,34 @@ def parse_upstream_map(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def cmd_recording_lint(directory: Path) -> int:
-    """Exit 1 if anything secret-looking is left in the recording, 0 if clean."""
+def cmd_recording_lint(directory: Path, as_json: bool = False) -> int:
+    """Exit 1 if anything secret-looking is left in the recording, 0 if clean; 2 if it is not
+    a readable recording. ``as_json``: one object ``{ok, directory, findings, files, error}``."""
     directory = Path(directory)
     if not directory.is_dir():
         return _error("recording lint", f"{directory}: no such recording directory")
     findings = lint(directory)
+    problem: str | None = None
     try:
         load_recording(directory)
     except RecordingError as exc:
+        problem = str(exc)
+    files = sum(1 for p in directory.rglob("*") if p.is_file())
+    if as_json:
+        found = [dataclasses.asdict(f) for f in findings]
+        result = {"ok": not findings and problem is None, "directory": str(directory)}
+        print(json.dumps({**result, "findings": found, "files": files, "error": problem}))
+    else:
         for f in findings:
             print(f)
-        return _error("recording lint", str(exc))
-    for f in findings:
-        print(f)
+    if problem is not None:
+        return _error("recording lint", problem)
     if findings:
-        print(f"{directory}: {len(findings)} finding(s); redact or re-record before sharing")
+        if not as_json:
+            print(f"{directory}: {len(findings)} finding(s); redact or re-record before sharing")
         return EXIT_NEGATIVE
-    files = sum(1 for p in directory.rglob("*") if p.is_file())
-    print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
+    if not as_json:
+        print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
     return EXIT_OK
 
 
@@ -181,7 +191,7 @@ def regression_report(
             )
     if report.checked == 0:
         print(
-            f"capgate policy test: error: {directory}: 0 calls checked "
+            f"capgate: error: policy test: {directory}: 0 calls checked "
             f"({len(report.skipped)} skipped: {report.skip_summary()}); nothing was compared",
             file=sys.stderr,
         )

@@ -34,7 +34,7 @@ def test_lint_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert cmd_recording_lint(directory) == 2  # also not a valid record: both are reported
     out, err = capsys.readouterr()
     assert "runs/r1.jsonl:2: jwt: eyJh... (" in out and JWT not in out
-    assert err.startswith("capgate recording lint: error: ") and err.count("\n") == 1
+    assert err.startswith("capgate: error: recording lint: ") and err.count("\n") == 1
     assert cmd_recording_lint(tmp_path / "missing") == 2
 
 
@@ -147,7 +147,7 @@ def test_replay_reports_a_gateway_that_does_not_start(
     bad = [*serve, "--policy", str(tmp_path / "missing.yaml")]
     assert replay_command(EXAMPLE, run_agent("pass"), bad, env) == 2
     err = capfd.readouterr().err
-    assert "capgate replay: error: the gateway did not start" in err
+    assert "capgate: error: replay: the gateway did not start" in err
     assert replay_command(tmp_path / "none", ["true"], serve, env) == 2
     assert "no such recording directory" in capfd.readouterr().err
     assert replay_command(EXAMPLE, [], serve, env) == 2

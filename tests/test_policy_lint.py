@@ -121,14 +121,19 @@ def test_cg104_a_rule_shadowed_by_an_earlier_one(tmp_path: Path) -> None:
         "         params: {id: {regex: '[0-9]+'}}}\n"
         "      - {id: item-7, upstream: api, allow: GET /items/7, query: {full: [yes]}}\n"
         "      - {id: item-x, upstream: api, allow: GET /items/x}\n"
-        "      - {id: item-8, upstream: api, allow: GET /items/8}\n",
+        "      - {id: item-8, upstream: api, allow: GET /items/8}\n"
+        "      - {id: same, upstream: api, allow: 'GET /items/{id}',\n"
+        "         params: {id: {regex: '[0-9]+'}}, headers: {X-Trace: {regex: '[a-f]+'}}}\n",
     )
     # item-7 takes a query any-item refuses, so a call with it falls through: not shadowed;
     # item-x is not a number; item-8 is.
     assert warnings == [
         "13:44: CG104: rule 'item-8' is shadowed by rule 'any-item' (line 9), which matches "
         "every call it does and is tried first: its checks never run; put it first, or "
-        "narrow 'any-item'"
+        "narrow 'any-item'",
+        "14:42: CG104: rule 'same' is shadowed by rule 'any-item' (line 9), which matches "
+        "every call it does and is tried first: its checks never run; put it first, or "
+        "narrow 'any-item'",
     ]
 
 
@@ -190,3 +195,19 @@ def test_a_policy_with_errors_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out.startswith(f"{path}:9:27: unknown upstream 'nowhere'")
     code, out, _ = run(capsys, "policy", "lint", "--json", str(path))
     assert code == 2 and json.loads(out)["errors"][0].startswith(f"{path}:9:27:")
+
+
+def test_a_comment_above_a_rule_silences_its_warnings(tmp_path: Path) -> None:
+    warnings = lint(
+        tmp_path,
+        "      # capgate: allow CG102 (ids are opaque; the service checks them)\n"
+        "      - id: a\n"
+        "        upstream: api\n"
+        "        allow: GET /items/{id}\n"
+        "      - id: b  # capgate: allow CG103\n"
+        "        upstream: api\n"
+        "        allow: POST /items/{id}\n",
+    )
+    # a's CG102 and b's CG103 are silenced; b's CG102 is not.
+    assert [w.split(": ")[1] for w in warnings] == ["CG102"]
+    assert warnings[0].startswith("15:16: CG102: rule 'b'")

@@ -16,8 +16,9 @@ CG106    a role no agent may hold
 =======  =======================================================================================
 
 A warning is silenced deliberately with a comment naming its code, on its line or alone on
-the line above: ``# capgate: allow CG102`` (several: ``# capgate: allow CG102, CG103``). The
-comment is the reviewable record that someone decided so.
+the line above: ``# capgate: allow CG102`` (several: ``# capgate: allow CG102, CG103``); for
+a warning about a rule, also on the rule's first line or alone above it. The comment is the
+reviewable record that someone decided so.
 
 Codes are a public contract like reason codes: added, never renumbered.
 """
@@ -44,6 +45,7 @@ SILENCE = re.compile(r"#\s*capgate:\s*allow\s+(CG\d{3}(?:\s*,\s*CG\d{3})*)")
 # Values a constrained regex should refuse; one that takes all of them takes anything.
 _PROBES = ("../../etc/passwd", "x' OR '1'='1\"; --", "%2e%2e%2f\x00")
 _WRITES = ("POST", "PUT", "PATCH")
+Found = tuple[Node | None, str, str]  # where, code, message
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,20 +128,28 @@ def lint_policy(policy: Policy, text: str | None = None) -> list[LintWarning]:
     source = policy.source
     raw = text if text is not None else read_text(source)
     walk = _Walk(read_document(source, raw))
-    found: list[tuple[Node | None, str, str]] = []
-    rules = [rule for role in policy.roles.values() for rule in role.rules]
-    for rule in rules:
-        found.extend(_regexes(walk, rule))
-        found.extend(_parameters(walk, rule))
-        found.extend(_body(walk, rule, policy.upstreams[rule.upstream].kind))
-    found.extend(_shadowed(walk, policy))
-    found.extend(_unused(walk, policy))
-    found.extend(_agents(walk))
+    # (where, code, message, the rule it is about: a comment above the rule silences it too)
+    found: list[tuple[Node | None, str, str, Node | None]] = []
+    for role in policy.roles.values():
+        for i, rule in enumerate(role.rules):
+            about = walk.rules.get(rule.id)
+            kind = policy.upstreams[rule.upstream].kind
+            for node, code, message in (
+                *_regexes(walk, rule),
+                *_parameters(walk, rule),
+                *_body(walk, rule, kind),
+                *_shadowed(walk, rule, role.rules[:i]),
+            ):
+                found.append((node, code, message, about))
+    found.extend((*w, None) for w in (*_unused(walk, policy), *_agents(walk)))
     quiet = silenced_lines(raw)
     out: list[LintWarning] = []
-    for node, code, message in found:
+    for node, code, message, about in found:
         line, col = (node.line, node.col) if node is not None else (1, 1)
-        out.append(LintWarning(source, line, col, code, message, code in quiet.get(line, ())))
+        silenced = code in quiet.get(line, ()) or (
+            about is not None and code in quiet.get(about.line, ())
+        )
+        out.append(LintWarning(source, line, col, code, message, silenced))
     return sorted(out, key=lambda w: (w.line, w.col, w.code))
 
 
@@ -158,8 +168,8 @@ def _constraints(rule: Rule) -> list[tuple[str, str, Constraint]]:
     return out
 
 
-def _regexes(walk: _Walk, rule: Rule) -> list[tuple[Node | None, str, str]]:
-    out: list[tuple[Node | None, str, str]] = []
+def _regexes(walk: _Walk, rule: Rule) -> list[Found]:
+    out: list[Found] = []
     for section, name, c in _constraints(rule):
         if c.regex is None or not broad_regex(c.regex):
             continue
@@ -181,8 +191,8 @@ def _regexes(walk: _Walk, rule: Rule) -> list[tuple[Node | None, str, str]]:
     return out
 
 
-def _parameters(walk: _Walk, rule: Rule) -> list[tuple[Node | None, str, str]]:
-    out: list[tuple[Node | None, str, str]] = []
+def _parameters(walk: _Walk, rule: Rule) -> list[Found]:
+    out: list[Found] = []
     for section, name, c in _constraints(rule):
         if section not in ("params", "resource") or not unconstrained(c):
             continue
@@ -213,7 +223,7 @@ def _checks_content(node: Node | None, key: str) -> bool:
     return value not in (None, True, {})
 
 
-def _body(walk: _Walk, rule: Rule, kind: str) -> list[tuple[Node | None, str, str]]:
+def _body(walk: _Walk, rule: Rule, kind: str) -> list[Found]:
     if rule.method not in _WRITES or (kind == "mcp" and rule.tool is None):
         return []  # an MCP rule without a tool: protocol messages, or a method, prompt...
     node = walk.rules.get(rule.id)
@@ -241,7 +251,7 @@ def _covers_segment(earlier: str | Constraint, later: str | Constraint) -> bool:
         return earlier == later
     if isinstance(later, str):
         return later != "" and earlier.violation(later) is None
-    return unconstrained(earlier)
+    return unconstrained(earlier) or earlier == later
 
 
 def _covers_path(earlier: PathPattern, later: PathPattern) -> bool:
@@ -278,27 +288,20 @@ def shadows(earlier: Rule, later: Rule) -> bool:
     return _covers_path(earlier.path, later.path) and _covers_query(earlier, later)
 
 
-def _shadowed(walk: _Walk, policy: Policy) -> list[tuple[Node | None, str, str]]:
-    out: list[tuple[Node | None, str, str]] = []
-    for role in policy.roles.values():
-        for i, later in enumerate(role.rules):
-            earlier = next((r for r in role.rules[:i] if shadows(r, later)), None)
-            if earlier is None:
-                continue
-            out.append(
-                (
-                    walk.rule_key(later, "allow"),
-                    "CG104",
-                    f"rule {later.id!r} is shadowed by rule {earlier.id!r} (line "
-                    f"{earlier.line}), which matches every call it does and is tried first: "
-                    f"its checks never run; put it first, or narrow {earlier.id!r}",
-                )
-            )
-    return out
+def _shadowed(walk: _Walk, later: Rule, before: tuple[Rule, ...]) -> list[Found]:
+    earlier = next((r for r in before if shadows(r, later)), None)
+    if earlier is None:
+        return []
+    message = (
+        f"rule {later.id!r} is shadowed by rule {earlier.id!r} (line {earlier.line}), which "
+        "matches every call it does and is tried first: its checks never run; put it "
+        f"first, or narrow {earlier.id!r}"
+    )
+    return [(walk.rule_key(later, "allow"), "CG104", message)]
 
 
-def _unused(walk: _Walk, policy: Policy) -> list[tuple[Node | None, str, str]]:
-    out: list[tuple[Node | None, str, str]] = []
+def _unused(walk: _Walk, policy: Policy) -> list[Found]:
+    out: list[Found] = []
     used = {rule.upstream for role in policy.roles.values() for rule in role.rules}
     upstreams = walk.root.get("upstreams")
     for name in policy.upstreams:
@@ -316,7 +319,7 @@ def _unused(walk: _Walk, policy: Policy) -> list[tuple[Node | None, str, str]]:
     return out
 
 
-def _agents(walk: _Walk) -> list[tuple[Node | None, str, str]]:
+def _agents(walk: _Walk) -> list[Found]:
     agents = walk.root.get("agents")
     if agents is None or not isinstance(agents.value, dict) or "*" not in agents.value:
         return []

@@ -14,7 +14,7 @@
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR [--json] | verify DIR [--repair] | export-har DIR [-o FILE]
     capgate recording import-har HAR DIR --map URL=UP
-    capgate replay DIR [serve options] -- COMMAND ...
+    capgate replay DIR [--agent A --role R --token-key PEM] [serve options] -- COMMAND ...
     capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
     capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
     capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file F
@@ -310,7 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_console_commands(sub)
 
-    rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
+    rp = sub.add_parser(
+        "replay",
+        help="run COMMAND against a gateway replaying DIR",
+        description="Start a gateway replaying DIR, run COMMAND with CAPGATE_URL set, stop "
+        "the gateway and print the replay report. With --agent, --role and --token-key "
+        "(options may also follow DIR), a short-lived capability token is minted here and "
+        "given to COMMAND in $CAPGATE_TOKEN; the gateway itself never holds the key.",
+    )
+    _ci_token_options(rp)
     rp.add_argument("directory", type=Path, help="the recording to replay")
     rp.add_argument(
         "serve_args",
@@ -617,6 +625,46 @@ def cmd_recording(args: argparse.Namespace) -> int:
     return commands.cmd_import_har(args.har, args.directory, upstream_map)
 
 
+def _ci_token_options(p: argparse.ArgumentParser) -> None:
+    """The options that mint a token for the command ``replay`` runs."""
+    p.add_argument("--agent", help="mint a token for this agent (with --role, --token-key)")
+    p.add_argument("--role", action="append", dest="roles", help="a role of the token")
+    p.add_argument(
+        "--token-key", type=Path, help="the test signing key (PEM) whose JWKS the gateway trusts"
+    )
+    p.add_argument(
+        "--token-ttl", type=_duration, default=600.0, help="the token's lifetime (default 10m)"
+    )
+    p.add_argument("--run", help="the token's run id")
+    p.add_argument(
+        "--token-env", default="CAPGATE_TOKEN", help="the variable holding it (CAPGATE_TOKEN)"
+    )
+
+
+def _ci_token(args: argparse.Namespace, before: list[str]) -> tuple[Any, list[str]]:
+    """The token to mint (options before or after DIR), and the serve options left."""
+    from gateway.commands.recording import CiToken
+
+    p = _Parser(prog="capgate replay", add_help=False, allow_abbrev=False)
+    _ci_token_options(p)
+    # Options after DIR: parsed into the same namespace (argparse keeps what is set there).
+    _, serve = p.parse_known_args(before, namespace=args)
+    wanted = (args.agent, args.roles, args.token_key)
+    if not any(wanted):
+        return None, serve
+    if not all(wanted):
+        raise CliError("a token for the command needs --agent, --role and --token-key")
+    token = CiToken(
+        key=args.token_key,
+        agent=args.agent,
+        roles=tuple(args.roles),
+        ttl=args.token_ttl,
+        run=args.run,
+        env=args.token_env,
+    )
+    return token, serve
+
+
 def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.commands.recording import replay_command
 
@@ -624,7 +672,8 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if "--" not in rest:
         raise CliError("usage: capgate replay DIR [serve options] -- COMMAND ...")
     cut = rest.index("--")
-    return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
+    token, serve = _ci_token(args, rest[:cut])
+    return replay_command(args.directory, rest[cut + 1 :], serve, environ, token=token)
 
 
 def cmd_revoke(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

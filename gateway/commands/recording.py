@@ -10,7 +10,7 @@ command could not run (bad input, no recording, the gateway did not start).
     capgate recording export-har DIR [-o OUT.har]
     capgate recording import-har FILE.har DIR --map https://api.example.com=api ...
     capgate policy test --policy NEW.yaml DIR [--allow-regressions]
-    capgate replay DIR [serve flags] -- COMMAND ...
+    capgate replay DIR [--agent A --role R --token-key PEM] [serve flags] -- COMMAND ...
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -239,6 +240,66 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class CiToken:
+    """What ``capgate replay --agent A --role R --token-key PEM`` mints for the command: a
+    short-lived capability token, signed here (``serve`` never holds a token-signing key) and
+    passed to the command in the environment variable ``env``."""
+
+    key: Path
+    agent: str
+    roles: tuple[str, ...]
+    ttl: float = 600.0
+    run: str | None = None
+    env: str = "CAPGATE_TOKEN"
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def mint_ci_token(spec: CiToken, serve_args: Sequence[str]) -> str:
+    """A token for ``spec``, with the audience and issuer the gateway's flags require, checked
+    against its ``--jwks`` when given (so a key the gateway does not trust fails here, in one
+    line, not as 401s in the command's log). ``ValueError`` says what is wrong."""
+    from gateway import tokens
+    from gateway.errors import ConfigError, GatewayError
+
+    try:
+        key = tokens.load_private_key(spec.key)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    audience = _flag(serve_args, "--audience") or "capgate"
+    issuers = _flag(serve_args, "--issuers")
+    issuer = issuers.split(",")[0].strip() if issuers else "capgate"
+    token = tokens.mint_token(
+        key,
+        agent=spec.agent,
+        roles=list(spec.roles),
+        ttl=spec.ttl,
+        run=spec.run,
+        audience=audience,
+        issuer=issuer,
+    )
+    jwks = _flag(serve_args, "--jwks")
+    if jwks is not None:
+        algorithm = tokens.algorithm_of(key)
+        settings = tokens.TokenSettings(algorithm=algorithm, audience=audience, issuers=(issuer,))
+        try:
+            tokens.TokenVerifier(tokens.Keyset.from_file(jwks, algorithm), settings).verify(token)
+        except (GatewayError, ConfigError) as exc:
+            why = exc.detail if isinstance(exc, GatewayError) else str(exc)
+            raise ValueError(f"the gateway would refuse the minted token: {why}") from None
+    return token
+
+
 def replay_command(
     directory: Path,
     command: list[str],
@@ -246,17 +307,30 @@ def replay_command(
     environ: Mapping[str, str],
     *,
     ready_timeout: float = READY_TIMEOUT,
+    token: CiToken | None = None,
 ) -> int:
     """Run ``command`` against a gateway replaying ``directory``; stop it; print the report.
 
     The gateway is ``python -m gateway serve --mode replay --recordings DIR --replay-report
     <tmp>/replay-report.json --port 0 <serve_args>``; the command gets ``CAPGATE_URL`` in its
-    environment. Exit status: the command's own when it failed, else 1 if any call missed,
-    else 0; 2 when the gateway did not start or wrote no report.
+    environment, and with ``token``, a freshly minted capability token in ``token.env``.
+    Exit status: the command's own when it failed, else 1 if any call missed, else 0; 2 when
+    the gateway did not start, wrote no report, or the token could not be minted.
     """
     name = "replay"
     if not command:
         return _error(name, "no command to run; usage: capgate replay DIR -- COMMAND ...")
+    extra: dict[str, str] = {}
+    if token is not None:
+        try:
+            extra[token.env] = mint_ci_token(token, serve_args)
+        except ValueError as exc:
+            return _error(name, str(exc))
+        print(
+            f"capgate replay: a token for agent {token.agent!r} (roles "
+            f"{', '.join(token.roles)}), valid {token.ttl:g}s, is in ${token.env}",
+            file=sys.stderr,
+        )
     try:
         load_recording(directory)  # fail early, with the recording's own error
     except RecordingError as exc:
@@ -300,7 +374,7 @@ def replay_command(
                     + (f" (exit status {proc.returncode})" if proc.returncode else "")
                     + (f": {said}" if said else "; see its log above"),
                 )
-            env = {**environ, "CAPGATE_URL": url}
+            env = {**environ, **extra, "CAPGATE_URL": url}
             try:
                 # S603: running the user's own command is what 'capgate replay' is for.
                 status = subprocess.call(command, env=env)  # noqa: S603

@@ -151,3 +151,49 @@ def test_replay_reports_a_gateway_that_does_not_start(
     assert replay_command(tmp_path / "none", ["true"], serve, env) == 2
     assert "no such recording directory" in capfd.readouterr().err
     assert replay_command(EXAMPLE, [], serve, env) == 2
+
+
+AGENT_WITH_MINTED_TOKEN = r"""
+import os, urllib.request
+token = os.environ["CAPGATE_TOKEN"]
+req = urllib.request.Request(
+    os.environ["CAPGATE_URL"] + "/metrics/metrics/cpu?window=5m",
+    headers={"Authorization": "Bearer " + token},
+)
+with urllib.request.urlopen(req, timeout=10) as r:
+    assert r.status == 200
+"""
+
+
+def test_ci_replay_mints_the_commands_token(
+    replay_env, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    # What a CI job runs: no token made beforehand, only the test key on the command line;
+    # options may come before or after DIR. The gateway never sees the key.
+    from gateway.cli import main
+
+    env, serve = replay_env
+    key = Path(serve[serve.index("--jwks") + 1]).with_name("signing-key.pem")
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT_WITH_MINTED_TOKEN)
+    argv = ["replay", "--agent", "sre-bot", str(EXAMPLE), "--role", "sre-diagnostics"]
+    argv += ["--token-key", str(key), "--token-ttl", "2m", *serve, "--", sys.executable]
+    assert main([*argv, str(agent)], env) == 0
+    captured = capfd.readouterr()
+    assert "1 call(s) answered from the recording, 0 miss(es)" in captured.out
+    assert "a token for agent 'sre-bot' (roles sre-diagnostics), valid 120s, is in " in (
+        captured.err
+    )
+    assert "$CAPGATE_TOKEN" in captured.err
+    # A key the gateway does not trust: one line, before anything starts.
+    from gateway.tokens import generate_keys
+
+    other, _ = generate_keys(tmp_path / "other")
+    argv[argv.index(str(key))] = str(other)
+    assert main([*argv, str(agent)], env) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("capgate: error: replay: the gateway would refuse the minted token")
+    assert err.count("\n") == 1
+    # Half the options: a usage error.
+    assert main(["replay", str(EXAMPLE), "--agent", "sre-bot", *serve, "--", "true"], env) == 2
+    assert "needs --agent, --role and --token-key" in capfd.readouterr().err

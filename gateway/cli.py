@@ -13,7 +13,7 @@
     capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
     capgate recording lint DIR [--json] | verify DIR [--repair] | export-har DIR [-o FILE]
-    capgate recording import-har HAR DIR --map URL=UP
+    capgate recording import-har HAR DIR --map URL=UP [--agent A --role R]
     capgate replay DIR [--agent A --role R --token-key PEM] [serve options] -- COMMAND ...
     capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
     capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
@@ -306,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         required=True,
         help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
+    )
+    ri.add_argument(
+        "--agent", help="the agent the calls were made as (for policy test on the recording)"
+    )
+    ri.add_argument(
+        "--role", action="append", dest="roles", default=[], help="a role it held (repeatable)"
     )
 
     add_console_commands(sub)
@@ -622,7 +628,9 @@ def cmd_recording(args: argparse.Namespace) -> int:
         upstream_map = commands.parse_upstream_map(args.map)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    return commands.cmd_import_har(args.har, args.directory, upstream_map)
+    return commands.cmd_import_har(
+        args.har, args.directory, upstream_map, agent=args.agent, roles=args.roles
+    )
 
 
 def _ci_token_options(p: argparse.ArgumentParser) -> None:

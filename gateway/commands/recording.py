@@ -8,7 +8,7 @@ command could not run (bad input, no recording, the gateway did not start).
     capgate recording lint DIR
     capgate recording verify DIR [--repair]
     capgate recording export-har DIR [-o OUT.har]
-    capgate recording import-har FILE.har DIR --map https://api.example.com=api ...
+    capgate recording import-har FILE.har DIR --map https://api.example.com=api [--agent A --role R]
     capgate policy test --policy NEW.yaml DIR [--allow-regressions]
     capgate replay DIR [--agent A --role R --token-key PEM] [serve flags] -- COMMAND ...
 """
@@ -127,8 +127,16 @@ def cmd_export_har(directory: Path, out: Path | None) -> int:
     return EXIT_OK
 
 
-def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, str]) -> int:
-    """Import a HAR file (from any tool) into a recording; redacted like any recording."""
+def cmd_import_har(
+    har_file: Path,
+    directory: Path,
+    upstream_map: Mapping[str, str],
+    *,
+    agent: str | None = None,
+    roles: Sequence[str] = (),
+) -> int:
+    """Import a HAR file (from any tool) into a recording; redacted like any recording.
+    Exit 1 when no entry was imported (nothing written): an empty import proves nothing."""
     if not upstream_map:
         return _error("recording import-har", "give at least one --map URL_PREFIX=UPSTREAM")
     try:
@@ -138,10 +146,18 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
     except (ValueError, UnicodeDecodeError) as exc:
         return _error("recording import-har", f"{har_file}: not JSON: {exc}")
     try:
-        result = import_har(har, directory, upstream_map)
+        result = import_har(har, directory, upstream_map, agent=agent, roles=roles)
     except RecordingError as exc:
         return _error("recording import-har", f"{har_file}: {exc}")
     skipped = ", ".join(f"{o} ({n})" for o, n in sorted(result.skipped.items()))
+    if result.imported == 0:
+        why = f"entries of unmapped origins: {skipped}" if skipped else "the HAR has no entries"
+        _error(
+            "recording import-har",
+            f"{har_file}: 0 entries imported ({why}); nothing written; give --map ORIGIN=UPSTREAM "
+            "for the origins to keep",
+        )
+        return EXIT_NEGATIVE
     print(
         f"imported {result.imported} entries into {directory} "
         f"(runs: {', '.join(sorted(result.runs)) or 'none'})"

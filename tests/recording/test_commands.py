@@ -197,3 +197,40 @@ def test_ci_replay_mints_the_commands_token(
     # Half the options: a usage error.
     assert main(["replay", str(EXAMPLE), "--agent", "sre-bot", *serve, "--", "true"], env) == 2
     assert "needs --agent, --role and --token-key" in capfd.readouterr().err
+
+
+def test_import_har_cli_empty_import_fails_and_roles_make_calls_testable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli import main
+
+    har = tmp_path / "example.har"
+    assert cmd_export_har(EXAMPLE, har) == 0
+    data = json.loads(har.read_text())
+    for entry in data["log"]["entries"]:  # a HAR from a browser says nothing of capgate
+        entry.pop("_capgate", None)
+    har.write_text(json.dumps(data))
+    capsys.readouterr()
+    upstreams = json.loads((EXAMPLE / "manifest.json").read_text())["upstreams"]
+    maps = [x for name, url in upstreams.items() for x in ("--map", f"{url}={name}")]
+    argv = ["recording", "import-har", str(har)]
+    # Nothing mapped: exit 1, one line, nothing written.
+    assert main([*argv, str(tmp_path / "none"), "--map", "https://nowhere.test=api"], {}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("capgate: error: recording import-har: ") and err.count("\n") == 1
+    assert "0 entries imported (entries of unmapped origins: " in err
+    assert not (tmp_path / "none").exists()
+    # Without --agent/--role, policy test on the import checks nothing and fails ...
+    bare = tmp_path / "bare"
+    assert main([*argv, str(bare), *maps], {}) == 0
+    policy = str(ROOT / "policies" / "example.yaml")
+    assert main(["policy", "test", "--policy", policy, str(bare)], {}) == 1
+    assert "0 calls checked" in capsys.readouterr().err
+    # ... with them, it checks every call.
+    tagged = tmp_path / "tagged"
+    who = ["--agent", "sre-bot", "--role", "sre-diagnostics"]
+    assert main([*argv, str(tagged), *maps, *who], {}) == 0
+    capsys.readouterr()
+    assert main(["policy", "test", "--policy", policy, str(tagged), "--json"], {}) in (0, 1)
+    [report] = json.loads(capsys.readouterr().out)["recordings"]
+    assert report["checked"] == len(data["log"]["entries"]) and report["skipped"] == []

@@ -85,9 +85,7 @@ def test_recording_lint_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_errors_have_one_prefix(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "policy", "explain", "--policy", str(EXAMPLE), "GET", "/x")
     assert code == 2 and out == ""
-    assert err == (
-        "capgate: error: policy explain: the following arguments are required: --role\n"
-    )
+    assert err == ("capgate: error: policy explain: the following arguments are required: --role\n")
     code, _, err = run(capsys, "recording", "lint", "/nonexistent")
     assert err == "capgate: error: recording lint: /nonexistent: no such recording directory\n"
 
@@ -117,9 +115,7 @@ def test_config_file_paths_are_relative_to_the_file(tmp_path: Path) -> None:
     assert s.audit == conf.parent / ".." / "var" / "audit.jsonl"
     assert s.traces == str(conf.parent / "spans.jsonl")
     assert s.recordings == Path("/abs/recordings")
-    assert s.audit_anchor is not None and str(conf.parent / "anchor.jsonl") in repr(
-        s.audit_anchor
-    )
+    assert s.audit_anchor is not None and str(conf.parent / "anchor.jsonl") in repr(s.audit_anchor)
     # A flag or the environment is a command line: relative to the current directory.
     s = load_settings({"policy": "p.yaml"}, {"CAPGATE_JWKS": "j.json"}, conf)
     assert s.policy == Path("p.yaml") and s.jwks == Path("j.json")

@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--record", metavar="DIR", help="same as --mode record --recordings DIR")
     s.add_argument("--replay", metavar="DIR", help="same as --mode replay --recordings DIR")
     s.add_argument("--replay-report", dest="replay_report", help="end-of-run report (JSON)")
+    s.add_argument(
+        "--faults",
+        help="chaos on demand: a fault file (latency, error status, reset, timeout per "
+        "upstream or rule, by probability and seed)",
+    )
     s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
     s.add_argument(

@@ -39,6 +39,8 @@ state                  memory               ``memory`` or ``redis://host:port/db
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
 replay_report          (none)               where replay/shadow write their end-of-run report
+faults                 (none: off)          chaos on demand: a fault file (latency, error, reset,
+                                            timeout by probability and seed; gateway/chaos.py)
 sample                 (none: keep all)     record mode: fraction of uneventful runs kept
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
@@ -123,6 +125,7 @@ class Settings:
     mode: str = "live"
     recordings: Path | None = None
     replay_report: Path | None = None
+    faults: Path | None = None  # chaos on demand: a fault file (gateway/chaos.py)
     sample: float | None = None
     ci: bool = False  # CI=true in the environment: replay-or-record is refused
     shutdown_grace: float = 10.0
@@ -368,6 +371,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
     "replay_report": _optional_path,
+    "faults": _optional_path,
     "sample": _fraction,
     "shutdown_grace": parse_duration,
     "reload_interval": _positive_duration,

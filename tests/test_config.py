@@ -264,6 +264,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "mode": "record",
         "recordings": "rec",
         "replay_report": "report.json",
+        "faults": "faults.yaml",
         "sample": "0.01",
         "traces_exporter": "otlp",
         "metrics_exporter": "otlp",
@@ -290,6 +291,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
     assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
     assert (s.mode, s.recordings, s.sample) == ("record", Path("rec"), 0.01)
+    assert s.faults == Path("faults.yaml")
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)

@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the reference of every key (docs/policy-reference.md) instead",
     )
+    ps.add_argument(
+        "--tests",
+        action="store_true",
+        help="print the JSON Schema of policy test files (NAME.tests.yaml) instead",
+    )
     ps.add_argument("-o", "--out", type=Path, help="write to this file instead of stdout")
     pg = psub.add_parser(
         "grants", help="print the database grants that mirror a rule's sql: policy"
@@ -443,8 +448,10 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy_file import PolicyError
 
     if args.policy_command == "schema":
-        from gateway.policy.reference import reference_markdown, schema_text
+        from gateway.policy.reference import reference_markdown, schema_text, tests_schema_text
 
+        if args.tests:
+            return _write_out(tests_schema_text(), args.out)
         return _write_out(reference_markdown() if args.markdown else schema_text(), args.out)
     if args.policy_command == "test":
         from gateway.commands.policy_tests import cmd_policy_test

@@ -213,3 +213,31 @@ def test_the_command_runs_as_a_process() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].endswith(" 0 failed")
+
+
+def test_the_test_file_schema_is_published_and_fits_the_reader(tmp_path: Path) -> None:
+    from jsonschema import Draft202012Validator
+    from ruamel.yaml import YAML
+
+    from gateway.commands.policy_tests import CASE, case_file_schema
+    from gateway.policy.reference import TESTS_SCHEMA_FILE, tests_schema_text
+
+    assert (REPO / TESTS_SCHEMA_FILE).read_text() == tests_schema_text(), (
+        "regenerate: capgate policy schema --tests -o docs/policy-tests.schema.json"
+    )
+    schema = case_file_schema()
+    Draft202012Validator.check_schema(schema)
+    validator = Draft202012Validator(schema)
+    text = EXAMPLE_TESTS.read_text()
+    assert text.splitlines()[0] == (
+        "# yaml-language-server: $schema=../docs/policy-tests.schema.json"
+    )
+    assert list(validator.iter_errors(YAML(typ="safe").load(text))) == []
+    # A typo the reader refuses, the schema refuses too.
+    bad = {
+        "cases": [{"name": "x", "agnet": "bot", "target": "/a", "expect": {"decision": "allow"}}]
+    }
+    assert list(validator.iter_errors(bad))
+    assert set(schema["properties"]["cases"]["items"]["properties"]) == set(
+        CASE.required + CASE.optional
+    )

@@ -42,28 +42,94 @@ from typing import Any
 from gateway.commands.explain import explain
 from gateway.errors import Reason
 from gateway.policy.model import METHODS, Policy
+from gateway.policy.spec import Key, Section
 from gateway.policy_file import Node, PolicyError, read_document
 
 DECISIONS = ("allow", "deny", "approval")
-CASE_KEYS = (
-    "name",
-    "description",
-    "agent",
-    "roles",
-    "caps",
-    "run",
-    "method",
-    "target",
-    "headers",
-    "body",
-    "json",
-    "tool",
-    "arguments",
+_TEXT: dict[str, Any] = {"type": "string"}
+_LIST: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+_HEADERS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"anyOf": [{"type": ["string", "number"]}, _LIST]},
+}
+# The test file's vocabulary, declared once: the reader takes these keys, and
+# ``case_file_schema()`` (docs/policy-tests.schema.json) is made from them.
+EXPECT = Section(
     "expect",
+    "The decision the policy must give the call.",
+    (
+        Key(
+            "decision",
+            "allow, deny, or approval (allowed once a person approves)",
+            {"enum": list(DECISIONS)},
+            required=True,
+        ),
+        Key(
+            "reason",
+            "the reason code (allowed for an allowed call)",
+            {"enum": sorted({r.value for r in Reason} | {"allowed"})},
+        ),
+        Key("rule", "the id of the rule that decides (must be a rule of the policy)", _TEXT),
+        Key("detail", "text the decision's detail contains", _TEXT),
+        Key("body", "the body forwarded upstream, exactly (after rewriting, e.g. LIMIT)", _TEXT),
+        Key("json", "the body forwarded upstream, compared as JSON data", {}),
+    ),
 )
-EXPECT_KEYS = ("decision", "reason", "rule", "detail", "body", "json")
-DEFAULT_KEYS = ("agent", "roles", "caps", "run", "headers")
-FILE_KEYS = ("policy", "description", "defaults", "cases")
+_WHO = (
+    Key("agent", "the agent (declared in the policy); roles default to the agent's", _TEXT),
+    Key("roles", "the token's roles", _LIST),
+    Key("caps", "the token's caps (rule ids it is narrowed to)", _LIST),
+    Key("run", "the token's run id", _TEXT),
+    Key("headers", "request headers, name: value (or a list of values)", _HEADERS),
+)
+CASE = Section(
+    "case",
+    "One call and the decision it must get.",
+    (
+        Key("name", "unique in the file; shown in the table", _TEXT, required=True),
+        Key("description", "for people", _TEXT),
+        *_WHO,
+        Key("method", "GET (default; POST with a body), POST, ...", {"enum": list(METHODS)}),
+        Key(
+            "target",
+            "/<upstream>/<path>?<query>, as the agent calls it",
+            {"type": "string", "pattern": "^/"},
+        ),
+        Key("body", "the request body, as text", _TEXT),
+        Key("json", "the request body, as data sent as JSON", {}),
+        Key("tool", "MCP: send a tools/call of this tool to target", _TEXT),
+        Key("arguments", "MCP: the tool's arguments", {"type": "object"}),
+        Key("expect", EXPECT.description, EXPECT.schema(), required=True),
+    ),
+)
+DEFAULTS = Section("defaults", "Values every case takes unless it gives its own.", _WHO)
+CASE_FILE = Section(
+    "policy tests",
+    "capgate policy test cases: calls, and the decision each must get from the policy.",
+    (
+        Key("policy", "the policy file, relative to this one (--policy overrides it)", _TEXT),
+        Key("description", "for people", _TEXT),
+        Key("defaults", DEFAULTS.description, DEFAULTS.schema()),
+        Key(
+            "cases",
+            "the cases, run in order",
+            {"type": "array", "minItems": 1, "items": CASE.schema()},
+            required=True,
+        ),
+    ),
+)
+
+
+def case_file_schema() -> dict[str, Any]:
+    """A JSON Schema (Draft 2020-12) of policy test files, for editors."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://capgate.dev/schemas/policy-tests-v1.json",
+        "title": "capgate policy tests",
+        **CASE_FILE.schema(),
+    }
+
+
 _UNSET: Any = object()
 
 
@@ -186,7 +252,7 @@ def read_case_file(path: Path, rule_ids: Iterable[str] | None = None) -> CaseFil
     With ``rule_ids``, an ``expect.rule`` naming no rule of the policy is an error too (a typo
     would make the case pass for the wrong reason or fail confusingly)."""
     root = read_document(path)
-    doc = root.as_map(required=("cases",), optional=FILE_KEYS)
+    doc = root.as_map(required=CASE_FILE.required, optional=CASE_FILE.optional)
     if doc is None:
         raise PolicyError(root.issues)
     policy = None
@@ -196,7 +262,7 @@ def read_case_file(path: Path, rule_ids: Iterable[str] | None = None) -> CaseFil
             policy = path.parent / text
     defaults: dict[str, Node] = {}
     if "defaults" in doc:
-        defaults = doc["defaults"].as_map(optional=DEFAULT_KEYS) or {}
+        defaults = doc["defaults"].as_map(optional=DEFAULTS.optional) or {}
     known = frozenset(rule_ids) if rule_ids is not None else None
     cases: list[Case] = []
     names: dict[str, int] = {}
@@ -219,7 +285,7 @@ def read_case_file(path: Path, rule_ids: Iterable[str] | None = None) -> CaseFil
 
 
 def _case(node: Node, defaults: dict[str, Node], known: frozenset[str] | None) -> Case | None:
-    m = node.as_map(required=("name", "expect"), optional=CASE_KEYS)
+    m = node.as_map(required=CASE.required, optional=CASE.optional)
     if m is None:
         return None
     merged = {**defaults, **m}
@@ -304,7 +370,7 @@ _REASONS = frozenset(r.value for r in Reason) | {"allowed"}
 
 
 def _expect(node: Node, known: frozenset[str] | None) -> Expect | None:
-    m = node.as_map(required=("decision",), optional=EXPECT_KEYS)
+    m = node.as_map(required=EXPECT.required, optional=EXPECT.optional)
     if m is None or "decision" not in m:
         return None
     decision = m["decision"].as_choice(DECISIONS)

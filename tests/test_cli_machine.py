@@ -27,6 +27,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def _options(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:
     out: list[tuple[str, argparse.Action]] = []
+    assert parser.format_help()  # every parser's help renders (metavars and all)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():

@@ -34,6 +34,7 @@ from gateway.audit_record import BodyMac
 from gateway.audit_sign import CheckpointSigner, jwks_path, signing_key_path
 from gateway.audit_trail import AuditTrail, TrailOptions, audit_key_path, load_audit_key
 from gateway.call import CallObserver
+from gateway.chaos import ChaosTransport, load_faults
 from gateway.check_workers import CheckWorkers
 from gateway.config import Settings, revocations_path
 from gateway.credentials import Credentialing, CredentialStore
@@ -449,14 +450,20 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     except ValueError as exc:
         raise ConfigError(f"state has value {settings.state!r}; {exc}") from exc
     stamp = file_stamps((settings.policy, *policy.files[1:]))
+    live: Transport = LiveTransport()
+    faults = load_faults(settings.faults) if settings.faults is not None else None
+    if faults is not None and settings.mode not in ("replay", "replay-or-record"):
+        live = ChaosTransport(live, faults)  # inside the recorder: recordings show the faults
     transport, denials = build_transport(
         settings.mode,
         settings.recordings,
-        LiveTransport(),
+        live,
         ci=settings.ci,
         sample=settings.sample,
         report_path=settings.replay_report,
     )
+    if faults is not None and settings.mode in ("replay", "replay-or-record"):
+        transport = ChaosTransport(transport, faults)  # over the recorded answers
     key_path = audit_key_path(settings.audit, settings.audit_key)
     audit = build_audit_trail(settings)
     telemetry_plan = plan(settings)

@@ -154,6 +154,7 @@ class AuditRecord(TypedDict):
     approval: NotRequired[str]  # the approval that let the call go on
     operator: NotRequired[str]  # the operator whose action decided it: approved, declined, stopped
     state_error_allowed: NotRequired[bool]  # only ever True
+    fault: NotRequired[str]  # a fault injected by --faults (chaos on demand): latency 10s, ...
 
 
 _second: list[Any] = [None, ""]  # (whole second, its formatted text): one strftime a second

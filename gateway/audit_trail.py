@@ -69,7 +69,7 @@ MAX_SUMMARY_KEYS = 256  # distinct (reason, source) pairs per summary; more go t
 LINE_FIELDS: dict[str, frozenset[str]] = {
     "outcome": frozenset(
         {"v", "type", "time", "request_id", "agent", "decision", "reason", "status"}
-        | {"duration_ms", "response_body", "operator", "prev"}
+        | {"duration_ms", "response_body", "operator", "fault", "prev"}
     ),
     "checkpoint": frozenset(
         {"v", "type", "time", "kind", "kid", "gateway", "lines", "prev", "sig"}
@@ -328,6 +328,8 @@ def _outcome(record: AuditRecord) -> dict[str, Any]:
         line["response_body"] = record["response_body"]
     if "operator" in record:  # an operator's stop cut the call after its decision line
         line["operator"] = record["operator"]
+    if "fault" in record:  # chaos on demand injected one into the exchange
+        line["fault"] = record["fault"]
     return line
 
 
@@ -761,7 +763,15 @@ def verify(path: str | Path) -> tuple[int, ChainBreak | None]:
     return count, None
 
 
-OUTCOME_FIELDS = ("decision", "reason", "status", "duration_ms", "response_body", "operator")
+OUTCOME_FIELDS = (
+    "decision",
+    "reason",
+    "status",
+    "duration_ms",
+    "response_body",
+    "operator",
+    "fault",
+)
 
 
 def call_records(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -111,6 +111,7 @@ class Call:
     status: int | None = None  # respond: the status sent to the agent
     response_bytes: int = 0  # respond
     response_digest: BodyDigest | None = None  # respond
+    fault: str | None = None  # dispatch: a fault injected by --faults (chaos.py), described
     streaming: bool = False  # respond: the response's head was sent to the agent
     body_invited: bool = False  # read_body / dispatch: "100 Continue" considered
     error: GatewayError | None = None  # any stage: why the call was refused or cut

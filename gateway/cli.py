@@ -4,16 +4,17 @@
     capgate keys generate --dir DIR [--algorithm EdDSA|ES256]
     capgate token mint --key PEM --agent ID --role ROLE [--role ...] [--ttl 5m] [--run RUN]
     capgate token inspect TOKEN [--jwks FILE]
-    capgate policy check FILE...
+    capgate policy check FILE... [--json]
+    capgate policy lint FILE... [--json] [--show-silenced]
     capgate policy explain --policy FILE --role ROLE [--agent A] METHOD URL
-    capgate policy test --policy NEW.yaml RECORDING_DIR [--allow-regressions]
-    capgate policy schema
-    capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail]
+    capgate policy test [--policy FILE] [TESTS.yaml... | RECORDING_DIR...] [--json]
+    capgate policy schema [--markdown] [-o FILE]
+    capgate audit verify FILE... [--jwks FILE] [--anchor FILE|URL] [--open-tail] [--json]
     capgate audit query FILE... [--agent A] [--since T] [--until T] [--path-prefix P] ...
     capgate revoke (--jti J | --agent A | --run R) [--state URL]
-    capgate recording lint DIR | verify DIR [--repair] | export-har DIR [--out FILE]
-    capgate recording import-har HAR DIR --map URL=UP
-    capgate replay DIR [serve options] -- COMMAND ...
+    capgate recording lint DIR [--json] | verify DIR [--repair] | export-har DIR [-o FILE]
+    capgate recording import-har HAR DIR --map URL=UP [--agent A --role R]
+    capgate replay DIR [--agent A --role R --token-key PEM] [serve options] -- COMMAND ...
     capgate approvals list | approve ID | deny ID [--reason TEXT] --admin URL --token-file FILE
     capgate watch --admin URL --token-file FILE [--agent A] [--run R] [--decision D] [--json]
     capgate operators add NAME --role ROLE --file FILE | remove NAME --file FILE | list --file F
@@ -57,7 +58,9 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2 (argparse's own convention)
-        raise CliError(f"{self.prog}: {message}")
+        # main() prints "capgate: error: "; the sub-command's name follows, not "capgate" again
+        command = self.prog.removeprefix("capgate").strip()
+        raise CliError(f"{command}: {message}" if command else message)
 
 
 def _duration(text: str) -> float:
@@ -129,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--record", metavar="DIR", help="same as --mode record --recordings DIR")
     s.add_argument("--replay", metavar="DIR", help="same as --mode replay --recordings DIR")
     s.add_argument("--replay-report", dest="replay_report", help="end-of-run report (JSON)")
+    s.add_argument(
+        "--faults",
+        help="chaos on demand: a fault file (latency, error status, reset, timeout per "
+        "upstream or rule, by probability and seed)",
+    )
     s.add_argument("--sample", help="record mode: fraction of uneventful runs kept, e.g. 0.01")
     s.add_argument("--log-level", dest="log_level", help="debug|info|warning|error")
     s.add_argument(
@@ -176,56 +184,127 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", help="signing keys")
     ksub = k.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
     kg = ksub.add_parser("generate", help="write signing-key.pem (0600) and jwks.json")
-    kg.add_argument("--dir", required=True, type=Path)
-    kg.add_argument("--algorithm", default="EdDSA", choices=["EdDSA", "ES256"])
+    kg.add_argument("--dir", required=True, type=Path, help="directory to write the two files to")
+    kg.add_argument(
+        "--algorithm",
+        default="EdDSA",
+        choices=["EdDSA", "ES256"],
+        help="EdDSA (Ed25519, default) or ES256 (P-256)",
+    )
 
     t = sub.add_parser("token", help="capability tokens")
     tsub = t.add_subparsers(dest="token_command", required=True, parser_class=_Parser)
     tm = tsub.add_parser("mint", help="print a signed capability token")
-    tm.add_argument("--key", required=True, type=Path)
-    tm.add_argument("--agent", required=True)
-    tm.add_argument("--role", action="append", required=True, dest="roles")
+    tm.add_argument("--key", required=True, type=Path, help="the signing key (PEM)")
+    tm.add_argument("--agent", required=True, help="the agent (sub), declared in the policy")
+    tm.add_argument(
+        "--role", action="append", required=True, dest="roles", help="a role (repeatable)"
+    )
     tm.add_argument("--cap", action="append", dest="caps", help="narrow to this rule id")
-    tm.add_argument("--ttl", type=_duration, default=300.0)
-    tm.add_argument("--run")
-    tm.add_argument("--audience", default="capgate")
-    tm.add_argument("--issuer", default="capgate")
+    tm.add_argument(
+        "--ttl",
+        type=_duration,
+        default=300.0,
+        help="lifetime (default 5m; gateways refuse above max_token_lifetime, 1h by default, "
+        "24h at most)",
+    )
+    tm.add_argument("--run", help="the run id the token is for (quotas, audit, stop)")
+    tm.add_argument("--audience", default="capgate", help="aud (default capgate)")
+    tm.add_argument("--issuer", default="capgate", help="iss (default capgate)")
     ti = tsub.add_parser("inspect", help="print header, claims and the verification verdict")
-    ti.add_argument("token")
-    ti.add_argument("--jwks", type=Path)
-    ti.add_argument("--algorithm", default="EdDSA", choices=["EdDSA", "ES256"])
-    ti.add_argument("--audience", default="capgate")
-    ti.add_argument("--issuer", action="append", dest="issuers")
+    ti.add_argument("token", help="the token (header.payload.signature)")
+    ti.add_argument("--jwks", type=Path, help="verify against these public keys")
+    ti.add_argument(
+        "--algorithm", default="EdDSA", choices=["EdDSA", "ES256"], help="the pinned algorithm"
+    )
+    ti.add_argument("--audience", default="capgate", help="the required aud (default capgate)")
+    ti.add_argument(
+        "--issuer", action="append", dest="issuers", help="an accepted iss (default capgate)"
+    )
 
     pol = sub.add_parser("policy", help="check and explain policies")
     psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="print FILE:LINE:COL errors; exit 1 if any")
-    pc.add_argument("files", nargs="+", type=Path)
+    pc.add_argument("files", nargs="+", type=Path, help="policy files")
+    pc.add_argument(
+        "--json",
+        action="store_true",
+        help="print {ok, files: [{file, ok, errors: [{file, line, col, message}], counts}]}",
+    )
+    pl = psub.add_parser(
+        "lint",
+        help="warn about rules broader than they look (CG101...); exit 1 if any",
+        description="Warn about what is legal but probably a mistake: CG101 a pattern that "
+        "accepts anything, CG102 an unconstrained path parameter, CG103 a POST/PUT/PATCH "
+        "rule without a body check, CG104 a rule shadowed by an earlier one, CG105 an unused "
+        "upstream, CG106 a role no agent holds. Silence one on purpose with a comment on its "
+        "line (or alone on the line above): '# capgate: allow CG102'. Exit 0 when nothing "
+        "is left to say, 1 when there are warnings, 2 when a policy does not load.",
+    )
+    pl.add_argument("files", nargs="+", type=Path, help="policy files")
+    pl.add_argument("--json", action="store_true", help="print the warnings as one JSON object")
+    pl.add_argument("--show-silenced", action="store_true", help="list the silenced warnings too")
     pe = psub.add_parser("explain", help="print the decision for a call, as JSON")
-    pe.add_argument("--policy", required=True, type=Path)
-    pe.add_argument("--role", action="append", required=True, dest="roles")
+    pe.add_argument("--policy", required=True, type=Path, help="the policy file")
+    pe.add_argument(
+        "--role", action="append", required=True, dest="roles", help="a role (repeatable)"
+    )
     pe.add_argument("--agent", help="check that this agent is declared and may hold the roles")
-    pe.add_argument("--cap", action="append", dest="caps")
-    pe.add_argument("--run")
+    pe.add_argument("--cap", action="append", dest="caps", help="narrow to this rule id")
+    pe.add_argument("--run", help="the run id")
     pe.add_argument("--header", "-H", action="append", default=[], help="'Name: value'")
     pe.add_argument("--body", "-d", help="request body, or @FILE")
-    pe.add_argument("method")
-    pe.add_argument("url")
-    psub.add_parser(
+    pe.add_argument("method", help="GET, POST, ...")
+    pe.add_argument("url", help="the URL the agent calls, or /<upstream>/<path>?query")
+    ps = psub.add_parser(
         "schema", help="print the JSON Schema of the policy file (for editors and linters)"
     )
+    ps.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the reference of every key (docs/policy-reference.md) instead",
+    )
+    ps.add_argument(
+        "--tests",
+        action="store_true",
+        help="print the JSON Schema of policy test files (NAME.tests.yaml) instead",
+    )
+    ps.add_argument("-o", "--out", type=Path, help="write to this file instead of stdout")
     pg = psub.add_parser(
         "grants", help="print the database grants that mirror a rule's sql: policy"
     )
-    pg.add_argument("--dialect", required=True, choices=("postgres", "sqlite"))
+    pg.add_argument(
+        "--dialect", required=True, choices=("postgres", "sqlite"), help="the database's kind"
+    )
     pg.add_argument("--role", required=True, help="the database role that gets the grants")
     pg.add_argument("--rule", help="the rule (needed when several check SQL of the dialect)")
     pg.add_argument("--statement-timeout", default="5s", help="postgres: the role's timeout")
     pg.add_argument("--source", default="full.db", help="sqlite: the full database to copy")
-    pg.add_argument("policy", nargs="?", type=Path, default=Path("policy.yaml"))
-    pt = psub.add_parser("test", help="replay a recording through a new policy, show changes")
-    pt.add_argument("--policy", required=True, type=Path)
-    pt.add_argument("recording", type=Path)
+    pg.add_argument(
+        "policy", nargs="?", type=Path, default=Path("policy.yaml"), help="(policy.yaml)"
+    )
+    pt = psub.add_parser(
+        "test",
+        help="run policy test files (NAME.tests.yaml) and recordings through a policy",
+        description="Run the cases of policy test files through the policy, as the gateway "
+        "would decide them, and print a table; with a recording directory, replay its calls "
+        "through the policy and list the decisions that change. Exit 0 when all passed, 1 "
+        "when a case failed, a call regressed or nothing was checked, 2 on a malformed file.",
+    )
+    pt.add_argument(
+        "--policy",
+        type=Path,
+        help="the policy to test (default: the one each test file names with policy:)",
+    )
+    pt.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="TESTS.yaml|RECORDING_DIR",
+        help="test files, or recording directories (default: POLICY's NAME.tests.yaml and "
+        "NAME.tests/*.yaml)",
+    )
+    pt.add_argument("--json", action="store_true", help="print the results as one JSON object")
     pt.add_argument(
         "--allow-regressions",
         action="store_true",
@@ -235,18 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("recording", help="recordings: lint, verify, HAR export and import")
     rsub = rec.add_subparsers(dest="recording_command", required=True, parser_class=_Parser)
     rl = rsub.add_parser("lint", help="fail on anything secret-looking left in a recording")
-    rl.add_argument("directory", type=Path)
+    rl.add_argument("directory", type=Path, help="the recording directory")
+    rl.add_argument(
+        "--json", action="store_true", help="print {ok, findings: [...], files} as JSON"
+    )
     rv = rsub.add_parser("verify", help="check the manifest's counts against the records")
-    rv.add_argument("directory", type=Path)
+    rv.add_argument("directory", type=Path, help="the recording directory")
     rv.add_argument(
         "--repair", action="store_true", help="mend the manifest from the records (and torn lines)"
     )
     rx = rsub.add_parser("export-har", help="write a recording as HAR 1.2")
-    rx.add_argument("directory", type=Path)
-    rx.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    rx.add_argument("directory", type=Path, help="the recording directory")
+    rx.add_argument("-o", "--out", type=Path, help="file to write (default: stdout)")
     ri = rsub.add_parser("import-har", help="seed a recording from a HAR file")
-    ri.add_argument("har", type=Path)
-    ri.add_argument("directory", type=Path)
+    ri.add_argument("har", type=Path, help="the HAR file")
+    ri.add_argument("directory", type=Path, help="the recording directory (created if absent)")
     ri.add_argument(
         "--map",
         action="append",
@@ -254,11 +336,25 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="URL_PREFIX=UPSTREAM, e.g. https://api.example.com=api",
     )
+    ri.add_argument(
+        "--agent", help="the agent the calls were made as (for policy test on the recording)"
+    )
+    ri.add_argument(
+        "--role", action="append", dest="roles", default=[], help="a role it held (repeatable)"
+    )
 
     add_console_commands(sub)
 
-    rp = sub.add_parser("replay", help="run COMMAND against a gateway replaying DIR")
-    rp.add_argument("directory", type=Path)
+    rp = sub.add_parser(
+        "replay",
+        help="run COMMAND against a gateway replaying DIR",
+        description="Start a gateway replaying DIR, run COMMAND with CAPGATE_URL set, stop "
+        "the gateway and print the replay report. With --agent, --role and --token-key "
+        "(options may also follow DIR), a short-lived capability token is minted here and "
+        "given to COMMAND in $CAPGATE_TOKEN; the gateway itself never holds the key.",
+    )
+    _ci_token_options(rp)
+    rp.add_argument("directory", type=Path, help="the recording to replay")
     rp.add_argument(
         "serve_args",
         nargs=argparse.REMAINDER,
@@ -273,9 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("revoke", help="revoke a token, an agent or a run everywhere")
     g = r.add_mutually_exclusive_group(required=True)
-    g.add_argument("--jti")
-    g.add_argument("--agent")
-    g.add_argument("--run")
+    g.add_argument("--jti", help="one token, by its jti")
+    g.add_argument("--agent", help="every token of this agent")
+    g.add_argument("--run", help="every token of this run")
     r.add_argument("--state", default=None, help="redis://host:port/db (default: $CAPGATE_STATE)")
     r.add_argument("--until", type=float, help="unix time after which it may be forgotten")
     return p
@@ -320,6 +416,17 @@ def cmd_token(args: argparse.Namespace) -> int:
     from gateway import tokens
 
     if args.token_command == "mint":  # noqa: S105 (a subcommand name, not a secret)
+        if args.ttl > tokens.MAX_LIFETIME_CEILING:
+            raise CliError(
+                f"--ttl {args.ttl:g}s: every gateway refuses a token living longer than 24h "
+                "(max_token_lifetime is at most 24h)"
+            )
+        if args.ttl > tokens.DEFAULT_MAX_LIFETIME:
+            print(
+                f"capgate: warning: --ttl {args.ttl:g}s is above the default "
+                "max_token_lifetime (1h): a gateway keeping the default refuses this token",
+                file=sys.stderr,
+            )
         key = tokens.load_private_key(args.key)
         try:
             token = tokens.mint_token(
@@ -367,30 +474,26 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy_file import PolicyError
 
     if args.policy_command == "schema":
-        from gateway.policy.spec import policy_schema
+        from gateway.policy.reference import reference_markdown, schema_text, tests_schema_text
 
-        print(json.dumps(policy_schema(), indent=2))
-        return EXIT_OK
+        if args.tests:
+            return _write_out(tests_schema_text(), args.out)
+        return _write_out(reference_markdown() if args.markdown else schema_text(), args.out)
     if args.policy_command == "test":
-        from gateway.commands.recording import cmd_policy_test
+        from gateway.commands.policy_tests import cmd_policy_test
 
-        return cmd_policy_test(args.policy, args.recording, args.allow_regressions)
+        return cmd_policy_test(
+            args.policy,
+            args.paths,
+            allow_regressions=args.allow_regressions,
+            as_json=args.json,
+        )
+    if args.policy_command == "lint":
+        return _cmd_policy_lint(args)
     if args.policy_command == "grants":
         return _cmd_policy_grants(args)
     if args.policy_command == "check":
-        bad = 0
-        for path in args.files:
-            try:
-                policy = load_policy(path)
-            except PolicyError as exc:
-                bad += 1
-                for issue in exc.issues:
-                    print(issue)
-                continue
-            rules = sum(len(r.rules) for r in policy.roles.values())
-            counts = f"{len(policy.upstreams)} upstreams, {len(policy.roles)} roles, {rules} rules"
-            print(f"{path}: ok ({counts})")
-        return EXIT_NEGATIVE if bad else EXIT_OK
+        return _cmd_policy_check(args.files, args.json)
 
     from gateway.commands.explain import explain
 
@@ -428,6 +531,91 @@ def cmd_policy(args: argparse.Namespace) -> int:
     )
     print(json.dumps(decision, indent=2, default=str))
     return EXIT_OK if decision["decision"] == "allow" else EXIT_NEGATIVE
+
+
+def _cmd_policy_check(files: list[Path], as_json: bool) -> int:
+    """Every error of every file as FILE:LINE:COL; exit 1 if any file has one."""
+    from gateway.policy.load import load_policy
+    from gateway.policy_file import PolicyError
+
+    results: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            errors = [
+                {"file": i.path, "line": i.line, "col": i.col, "message": i.message}
+                for i in exc.issues
+            ]
+            results.append({"file": str(path), "ok": False, "errors": errors})
+            if not as_json:
+                for issue in exc.issues:
+                    print(issue)
+            continue
+        rules = sum(len(r.rules) for r in policy.roles.values())
+        counts = {"upstreams": len(policy.upstreams), "roles": len(policy.roles), "rules": rules}
+        results.append({"file": str(path), "ok": True, "errors": [], "counts": counts})
+        if not as_json:
+            shown = f"{len(policy.upstreams)} upstreams, {len(policy.roles)} roles, {rules} rules"
+            print(f"{path}: ok ({shown})")
+    ok = all(r["ok"] for r in results)
+    if as_json:
+        print(json.dumps({"ok": ok, "files": results}, indent=2))
+    return EXIT_OK if ok else EXIT_NEGATIVE
+
+
+def _cmd_policy_lint(args: argparse.Namespace) -> int:
+    from gateway.policy.lint import lint_file
+    from gateway.policy_file import PolicyError
+
+    warnings: list[Any] = []
+    errors: list[str] = []
+    for path in args.files:
+        try:
+            warnings.extend(lint_file(path))
+        except PolicyError as exc:
+            errors.extend(str(i) for i in exc.issues)
+    active = [w for w in warnings if not w.silenced]
+    if args.json:
+        shown = warnings if args.show_silenced else active
+        print(
+            json.dumps(
+                {
+                    "ok": not active and not errors,
+                    "warnings": [w.as_json() for w in shown],
+                    "silenced": len(warnings) - len(active),
+                    "errors": errors,
+                },
+                indent=2,
+            )
+        )
+    else:
+        for line in errors:
+            print(line)
+        for w in warnings if args.show_silenced else active:
+            print(f"{w} (silenced)" if w.silenced else w)
+        if not errors:
+            quiet = len(warnings) - len(active)
+            print(
+                f"{len(active)} warning(s)"
+                + (f", {quiet} silenced with '# capgate: allow'" if quiet else "")
+                + f" in {len(args.files)} file(s)"
+            )
+    if errors:
+        return EXIT_USAGE
+    return EXIT_NEGATIVE if active else EXIT_OK
+
+
+def _write_out(text: str, out: Path | None) -> int:
+    """``text`` to stdout, or to ``out`` (``-``: stdout)."""
+    if out is None or str(out) == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{out}: {exc.strerror}") from None
+    return EXIT_OK
 
 
 def _cmd_policy_grants(args: argparse.Namespace) -> int:
@@ -469,7 +657,7 @@ def cmd_recording(args: argparse.Namespace) -> int:
     from gateway.commands import recording as commands
 
     if args.recording_command == "lint":
-        return commands.cmd_recording_lint(args.directory)
+        return commands.cmd_recording_lint(args.directory, as_json=args.json)
     if args.recording_command == "verify":
         return commands.cmd_recording_verify(args.directory, repair=args.repair)
     if args.recording_command == "export-har":
@@ -478,7 +666,49 @@ def cmd_recording(args: argparse.Namespace) -> int:
         upstream_map = commands.parse_upstream_map(args.map)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    return commands.cmd_import_har(args.har, args.directory, upstream_map)
+    return commands.cmd_import_har(
+        args.har, args.directory, upstream_map, agent=args.agent, roles=args.roles
+    )
+
+
+def _ci_token_options(p: argparse.ArgumentParser) -> None:
+    """The options that mint a token for the command ``replay`` runs."""
+    p.add_argument("--agent", help="mint a token for this agent (with --role, --token-key)")
+    p.add_argument("--role", action="append", dest="roles", help="a role of the token")
+    p.add_argument(
+        "--token-key", type=Path, help="the test signing key (PEM) whose JWKS the gateway trusts"
+    )
+    p.add_argument(
+        "--token-ttl", type=_duration, default=600.0, help="the token's lifetime (default 10m)"
+    )
+    p.add_argument("--run", help="the token's run id")
+    p.add_argument(
+        "--token-env", default="CAPGATE_TOKEN", help="the variable holding it (CAPGATE_TOKEN)"
+    )
+
+
+def _ci_token(args: argparse.Namespace, before: list[str]) -> tuple[Any, list[str]]:
+    """The token to mint (options before or after DIR), and the serve options left."""
+    from gateway.commands.recording import CiToken
+
+    p = _Parser(prog="capgate replay", add_help=False, allow_abbrev=False)
+    _ci_token_options(p)
+    # Options after DIR: parsed into the same namespace (argparse keeps what is set there).
+    _, serve = p.parse_known_args(before, namespace=args)
+    wanted = (args.agent, args.roles, args.token_key)
+    if not any(wanted):
+        return None, serve
+    if not all(wanted):
+        raise CliError("a token for the command needs --agent, --role and --token-key")
+    token = CiToken(
+        key=args.token_key,
+        agent=args.agent,
+        roles=tuple(args.roles),
+        ttl=args.token_ttl,
+        run=args.run,
+        env=args.token_env,
+    )
+    return token, serve
 
 
 def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -488,7 +718,8 @@ def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if "--" not in rest:
         raise CliError("usage: capgate replay DIR [serve options] -- COMMAND ...")
     cut = rest.index("--")
-    return replay_command(args.directory, rest[cut + 1 :], rest[:cut], environ)
+    token, serve = _ci_token(args, rest[:cut])
+    return replay_command(args.directory, rest[cut + 1 :], serve, environ, token=token)
 
 
 def cmd_sandbox(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -1,6 +1,8 @@
 """Settings: read once, validated loudly, then frozen.
 
 Precedence, lowest first: defaults < config file (YAML) < ``CAPGATE_*`` environment < flags.
+A relative path in the config file is relative to the file's directory; in a flag or the
+environment, to the current directory.
 ``load_settings`` is pure: the environment is an argument, so tests pass a dict. A bad value
 raises ``ConfigError`` naming the key and the value, e.g.
 ``CAPGATE_PORT has value 'abc'; expected an integer 1-65535``.
@@ -15,7 +17,7 @@ jwks                   (required)           public keys that may sign capability
 algorithm              EdDSA                pinned token algorithm: EdDSA or ES256
 audience               capgate              required ``aud`` of capability tokens
 issuers                capgate              accepted ``iss`` values (comma-separated)
-max_token_lifetime     1h                   refuse tokens living longer
+max_token_lifetime     1h                   refuse tokens living longer (at most 24h)
 leeway                 30s                  clock skew allowed on exp/nbf/iat
 max_token_size         8192                 refuse larger tokens (bytes)
 upstream_key           (none)               private key for agent-jwt upstream credentials
@@ -42,6 +44,8 @@ revocations_file       <audit>.revocations  every revocation this gateway learns
 mode                   live                 live, record, replay, replay-or-record, shadow
 recordings             (none)               recordings directory (record/replay modes)
 replay_report          (none)               where replay/shadow write their end-of-run report
+faults                 (none: off)          chaos on demand: a fault file (latency, error, reset,
+                                            timeout by probability and seed; gateway/chaos.py)
 sample                 (none: keep all)     record mode: fraction of uneventful runs kept
 shutdown_grace         10s                  time calls in flight get on SIGTERM
 reload_interval        1s                   how often the policy file is checked
@@ -134,6 +138,7 @@ class Settings:
     mode: str = "live"
     recordings: Path | None = None
     replay_report: Path | None = None
+    faults: Path | None = None  # chaos on demand: a fault file (gateway/chaos.py)
     sample: float | None = None
     ci: bool = False  # CI=true in the environment: replay-or-record is refused
     shutdown_grace: float = 10.0
@@ -346,6 +351,15 @@ def _positive_duration(value: Any) -> float:
     return seconds
 
 
+def _token_lifetime(value: Any) -> float:
+    from gateway.tokens import MAX_LIFETIME_CEILING
+
+    seconds = _positive_duration(value)
+    if seconds > MAX_LIFETIME_CEILING:
+        raise ValueError("expected at most 24h: a capability token should not outlive a day")
+    return seconds
+
+
 FIELDS: dict[str, Callable[[Any], Any]] = {
     "host": _text,
     "port": _port,
@@ -354,7 +368,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "algorithm": _choice(*ALGORITHMS),
     "audience": _text,
     "issuers": _csv,
-    "max_token_lifetime": _positive_duration,
+    "max_token_lifetime": _token_lifetime,
     "leeway": parse_duration,
     "max_token_size": _size,
     "upstream_key": _optional_path,
@@ -377,6 +391,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "mode": _choice("live", "record", "replay", "replay-or-record", "shadow"),
     "recordings": _optional_path,
     "replay_report": _optional_path,
+    "faults": _optional_path,
     "sample": _fraction,
     "shutdown_grace": parse_duration,
     "reload_interval": _positive_duration,
@@ -522,6 +537,30 @@ def _check_together(values: dict[str, Any]) -> None:
         raise ConfigError(f"mode {values['mode']} needs a recordings directory (--recordings DIR)")
 
 
+# Settings naming a file or a directory: relative in a config file, they are relative to it.
+PATH_KEYS = frozenset(k for k, parse in FIELDS.items() if parse in (_path, _optional_path)) | {
+    "traces",
+    "audit_anchor",
+}
+
+
+def _beside(config_file: Path, key: str, value: Any) -> Any:
+    """A relative path written in ``config_file``, made relative to the file's directory (as
+    the policy's own ``agents:`` file and ``file:`` secrets are), not to the directory the
+    gateway happens to be started from. Flags and the environment stay relative to the
+    current directory, as on any command line."""
+    if key not in PATH_KEYS or not isinstance(value, str) or value in ("", "-"):
+        return value
+    base = config_file.parent
+    if key == "audit_anchor":
+        if value.startswith("file:") and not Path(value[5:]).is_absolute():
+            return f"file:{base / value[5:]}"
+        return value
+    if key == "traces" and (value in ("console", "none", "discard") or _SCHEME.match(value)):
+        return value
+    return str(base / value) if not Path(value).is_absolute() else value
+
+
 def load_settings(
     flags: Mapping[str, Any],
     environ: Mapping[str, str],
@@ -536,7 +575,7 @@ def load_settings(
                     f"config file {str(config_file)!r}: unknown setting {key!r}; "
                     f"expected one of {sorted(FIELDS)}"
                 )
-            raw[key] = (f"{config_file}: {key}", value)
+            raw[key] = (f"{config_file}: {key}", _beside(config_file, key, value))
     _read_environ(raw, environ)
     for key, value in flags.items():
         if value is not None and key in FIELDS and key not in NO_FLAG:

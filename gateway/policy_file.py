@@ -158,6 +158,30 @@ class Node:
                 pass
         return Node(key, self.path, line, col, self.where, self.issues)
 
+    # -- navigation (no checks, no issues: for tools that read a loaded file again) ----------
+
+    def get(self, key: str) -> Node | None:
+        """The child at ``key`` of a mapping, or None."""
+        if isinstance(self.value, dict) and key in self.value:
+            return self._child(key, self.value[key])
+        return None
+
+    def key_at(self, key: str) -> Node:
+        """The node of a mapping's key itself (its position is the key's)."""
+        return self._key_node(key)
+
+    def items(self) -> list[tuple[str, Node]]:
+        """A mapping's (string key, child) pairs; empty for anything else."""
+        if not isinstance(self.value, dict):
+            return []
+        return [(k, self._child(k, v)) for k, v in self.value.items() if isinstance(k, str)]
+
+    def elements(self) -> list[Node]:
+        """A list's children; empty for anything else."""
+        if not isinstance(self.value, list):
+            return []
+        return [self._child(i, v) for i, v in enumerate(self.value)]
+
     def as_map(
         self, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
     ) -> dict[str, Node] | None:
@@ -311,6 +335,67 @@ def read_text(path: str | Path) -> str:
         raise PolicyError([Issue(name, 1, 1, "file is not valid UTF-8")]) from exc
 
 
+_DUPLICATE = re.compile(r'found duplicate key "(.*?)" with value')
+_NOT_A_TOKEN = re.compile(r"found character '(.*?)' that cannot start any token")
+
+
+def yaml_issue(name: str, exc: MarkedYAMLError) -> Issue:
+    """A YAML syntax error as ``FILE:LINE:COL: YAML: <what is wrong, in plain words>``:
+    indentation, tabs, unclosed quotes and brackets are explained, not quoted from the
+    parser (whose words are kept only for the rare errors not recognised here)."""
+    problem, context = str(exc.problem or ""), str(exc.context or "")
+    mark = exc.problem_mark or exc.context_mark
+    opened = exc.context_mark
+    at = f" (started at line {opened.line + 1})" if opened is not None else ""
+    text = _explain_yaml(problem, context, at)
+    if "could not find expected ':'" in problem and opened is not None:
+        mark = opened  # the line without its ':' is where the simple key started
+    line = mark.line + 1 if mark else 1
+    col = mark.column + 1 if mark else 1
+    return Issue(name, line, col, f"YAML: {text}")
+
+
+def _explain_yaml(problem: str, context: str, at: str) -> str:
+    found = _NOT_A_TOKEN.search(problem)
+    if found and found.group(1) == "\\t":
+        return "a tab character: YAML indents with spaces only; replace the tab with spaces"
+    if found:
+        return f"{found.group(1)!r} cannot start a value: put the value in quotes"
+    if "mapping values are not allowed" in problem:
+        return (
+            "a ':' where no 'key: value' can start: this line is probably indented deeper "
+            "than the key above it (the keys of one mapping start in the same column), or a "
+            "value containing ': ' needs quotes"
+        )
+    if "could not find expected ':'" in problem:
+        return (
+            "this line is neither 'key: value' nor a list item '- ...': add the ':' after the key"
+        )
+    if "block mapping" in context and "found '-'" in problem:
+        return (
+            f"a list item '- ' inside a mapping{at}: indent the list under its key, or make "
+            "every entry of the list start with '- '"
+        )
+    if "block mapping" in context or "block collection" in context:
+        return (
+            f"this line's indentation does not match the block it belongs to{at}: the keys "
+            "of one mapping, and the '- ' of one list's items, start in the same column"
+        )
+    if "flow mapping" in context:
+        return f"a '{{' mapping{at} is not closed with '}}', or lacks a ',' between entries"
+    if "flow sequence" in context:
+        return f"a '[' list{at} is not closed with ']', or lacks a ',' between items"
+    if "quoted scalar" in context:
+        return f"a quoted string{at} is never closed: add the closing quote"
+    duplicate = _DUPLICATE.search(problem)
+    if duplicate:
+        return (
+            f'duplicate key "{duplicate.group(1)}": it appears twice in one mapping, and '
+            "the second would silently replace the first"
+        )
+    return " ".join(p for p in (context, problem) if p)
+
+
 def read_document(path: str | Path, text: str | None = None) -> Node:
     """Parse one YAML file into a root ``Node``; syntax errors become a ``PolicyError``."""
     name = str(path)
@@ -323,11 +408,7 @@ def read_document(path: str | Path, text: str | None = None) -> Node:
     try:
         data = yaml.load(text)
     except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        col = mark.column + 1 if mark else 1
-        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise PolicyError([Issue(name, line, col, f"YAML: {problem}")]) from exc
+        raise PolicyError([yaml_issue(name, exc)]) from exc
     except YAMLError as exc:
         raise PolicyError([Issue(name, 1, 1, f"YAML: {exc}")]) from exc
     except RecursionError as exc:  # a bound below caught most; the parser's own stack

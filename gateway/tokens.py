@@ -97,12 +97,19 @@ class Claims:
         )
 
 
+MAX_LIFETIME_CEILING = 86400.0
+"""No gateway accepts a token living longer than a day: ``max_token_lifetime`` (default 1h)
+may be raised up to this and no further, and ``capgate token mint`` refuses to sign beyond
+it (a token every gateway refuses is a mistake, found at minting, not at the first call)."""
+DEFAULT_MAX_LIFETIME = 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class TokenSettings:
     algorithm: str = "EdDSA"
     audience: str = "capgate"
     issuers: tuple[str, ...] = ("capgate",)
-    max_lifetime: float = 3600.0
+    max_lifetime: float = DEFAULT_MAX_LIFETIME
     leeway: float = 30.0
     max_size: int = 8192
     cache_size: int = 10_000

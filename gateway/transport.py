@@ -37,6 +37,7 @@ class UpstreamRequest:
     request_id: str = ""
     roles: tuple[str, ...] = ()  # the token's roles and caps: recordings keep them so that
     caps: frozenset[str] | None = None  # `policy test` can replay decisions under a new policy
+    fault: str | None = None  # set by the chaos transport when it injected one (``chaos.py``)
 
 
 class UpstreamResponse(Protocol):

@@ -304,6 +304,7 @@ async def test_audit_never_holds_bodies_query_values_headers_sql_or_tool_argumen
         "approval",
         "operator",
         "state_error_allowed",
+        "fault",
         "prev",
     }
     for line in raw_lines:

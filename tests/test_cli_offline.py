@@ -37,6 +37,7 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str, contains: str) -
     lines = err.splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("capgate: error: ")
+    assert lines[0].count("capgate") == 1, lines[0]  # one prefix, not "capgate: error: capgate"
     assert contains in lines[0], lines[0]
     return lines[0]
 
@@ -168,9 +169,18 @@ def test_token_inspect_garbage(keys: tuple[Path, Path], capsys: pytest.CaptureFi
 def test_token_mint_long_ttl_is_refused_by_inspect(
     keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    token = mint(capsys, keys[0], "--ttl", "2h")
-    code, out, _ = run(capsys, "token", "inspect", token, "--jwks", str(keys[1]))
+    # Above the default max_token_lifetime: signed, with a warning (a gateway may raise it).
+    argv = ("token", "mint", "--key", str(keys[0]), "--agent", "sre-bot", "--role", "sre")
+    code, token, err = run(capsys, *argv, "--ttl", "2h")
+    assert code == 0
+    assert err == (
+        "capgate: warning: --ttl 7200s is above the default max_token_lifetime (1h): a "
+        "gateway keeping the default refuses this token\n"
+    )
+    code, out, _ = run(capsys, "token", "inspect", token.strip(), "--jwks", str(keys[1]))
     assert code == 1 and "longer than" in json.loads(out)["verdict"]["detail"]
+    # Above what any gateway accepts (max_token_lifetime is at most 24h): refused.
+    usage_error(capsys, *argv, "--ttl", "25h", contains="every gateway refuses a token living")
 
 
 # --- policy check -----------------------------------------------------------------------------
@@ -373,6 +383,8 @@ def test_audit_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
     assert "not verified: the tail is open (no checkpoint at all)" in out
     lines = path.read_bytes().splitlines()
+    code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail", "--json")
+    assert code == 0 and isinstance(json.loads(out), dict)
     lines[1], lines[2] = lines[2], lines[1]
     path.write_bytes(b"\n".join(lines) + b"\n")
     code, out, _ = run(capsys, "audit", "verify", str(path), "--open-tail")

@@ -48,7 +48,7 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     )
     s = load_settings({}, {}, cfg)
     assert (s.port, s.host, s.log_level, s.tokens.leeway) == (1001, "10.0.0.1", "debug", 5)
-    assert s.policy == Path("file.yaml")
+    assert s.policy == tmp_path / "file.yaml"  # relative to the config file
     env = {"CAPGATE_PORT": "1002", "CAPGATE_HOST": "10.0.0.2"}
     s = load_settings({}, env, cfg)
     assert (s.port, s.host, s.log_level) == (1002, "10.0.0.2", "debug")
@@ -267,6 +267,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
         "mode": "record",
         "recordings": "rec",
         "replay_report": "report.json",
+        "faults": "faults.yaml",
         "sample": "0.01",
         "traces_exporter": "otlp",
         "metrics_exporter": "otlp",
@@ -295,6 +296,7 @@ def test_every_field_has_an_env_name_that_works() -> None:
     assert (s.host, s.port, s.tokens.algorithm, s.tokens.audience) == ("0.0.0.0", 1, "ES256", "aud")
     assert s.tokens.issuers == ("a", "b") and s.tokens.max_lifetime == 120
     assert (s.mode, s.recordings, s.sample) == ("record", Path("rec"), 0.01)
+    assert s.faults == Path("faults.yaml")
     assert (s.approvals_per_agent, s.max_connections) == (3, 100)
     assert (s.head_timeout, s.idle_timeout) == (5.0, 30.0)
     assert (s.admin_port, s.approval_timeout) == (8788, 90.0)

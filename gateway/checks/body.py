@@ -75,7 +75,7 @@ def compile_body(node: Node, context: CheckContext) -> BodyCheck | None:
             "with 'arguments'"
         )
         return None
-    m = node.as_map(optional=("schema", "max_size"))
+    m = node.as_map(optional=tuple(BODY_KEY_SCHEMA["properties"]))
     if m is None:
         return None
     if not m:

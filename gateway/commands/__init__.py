@@ -4,7 +4,8 @@
 module                 command
 =====================  ===============================================================
 ``explain.py``         ``capgate policy explain``: one decision, through the real stages
-``regression.py``      ``capgate policy test``: recorded traffic through a new policy
+``policy_tests.py``    ``capgate policy test``: YAML test cases through the policy
+``regression.py``      ``capgate policy test`` on a recording: its traffic through a new policy
 ``recording.py``       ``capgate recording ...`` and ``capgate replay DIR -- COMMAND``
 =====================  ===============================================================
 """

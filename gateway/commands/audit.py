@@ -43,19 +43,37 @@ def add_audit_parsers(sub: Any, parser_class: type[argparse.ArgumentParser]) -> 
     )
     av.add_argument("files", nargs="+", type=Path, help="the trail's files, oldest first")
     _trust_options(av)
-    av.add_argument("--format", choices=["text", "json"], default="text")
+    av.add_argument(
+        "--format", choices=["text", "json"], default="text", help="text (default) or json"
+    )
+    av.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="the same as --format json: the verdict as one JSON object",
+    )
     aq = asub.add_parser("query", help="the calls that match, and what was verified")
     aq.add_argument("files", nargs="+", type=Path, help="the trail's files, oldest first")
-    aq.add_argument("--agent")
-    aq.add_argument("--run")
+    aq.add_argument("--agent", help="only this agent's calls")
+    aq.add_argument("--run", help="only this run's calls")
     aq.add_argument("--since", help="ISO 8601 time, e.g. 2026-12-01T09:00Z")
     aq.add_argument("--until", help="ISO 8601 time")
-    aq.add_argument("--upstream")
+    aq.add_argument("--upstream", help="only calls to this upstream")
     aq.add_argument("--path-prefix", dest="path_prefix", help="e.g. /db/query")
-    aq.add_argument("--decision", choices=["allow", "deny"])
-    aq.add_argument("--reason")
-    aq.add_argument("--rule")
-    aq.add_argument("--format", choices=["table", "json"], default="table")
+    aq.add_argument("--decision", choices=["allow", "deny"], help="only allowed or denied calls")
+    aq.add_argument("--reason", help="only calls with this reason code, e.g. sql_denied")
+    aq.add_argument("--rule", help="only calls decided by this rule id")
+    aq.add_argument(
+        "--format", choices=["table", "json"], default="table", help="table (default) or json"
+    )
+    aq.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="the same as --format json",
+    )
     _trust_options(aq)
 
 

@@ -99,7 +99,9 @@ class AdminClient:
 def add_console_commands(sub: Any) -> None:
     """The console commands' parsers, under the ``capgate`` command's subparsers."""
     ap = sub.add_parser("approvals", help="calls held for approval (through the admin API)")
-    ap.add_argument("action", choices=["list", "approve", "deny"])
+    ap.add_argument(
+        "action", choices=["list", "approve", "deny"], help="list the held calls, or decide one"
+    )
     ap.add_argument("id", nargs="?", help="the approval id (approve, deny)")
     ap.add_argument("--reason", default="", help="a note recorded with the decision")
     _admin_args(ap)
@@ -130,7 +132,9 @@ def add_console_commands(sub: Any) -> None:
         _admin_args(vp)
 
     op = sub.add_parser("operators", help="who may use the admin API, with which role")
-    op.add_argument("action", choices=["add", "remove", "list"])
+    op.add_argument(
+        "action", choices=["add", "remove", "list"], help="add or remove an operator, or list them"
+    )
     op.add_argument("name", nargs="?", help="the operator's name (add, remove)")
     op.add_argument("--role", choices=["viewer", "approver", "admin"], help="(add)")
     op.add_argument("--file", required=True, type=Path, help="the operators file")

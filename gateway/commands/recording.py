@@ -1,21 +1,22 @@
 """Command functions for ``capgate recording ...``, ``capgate policy test`` and ``capgate replay``.
 
 ``cli.py`` parses the arguments and calls these; each prints its result, prints one readable
-line (``capgate <command>: error: ...``) on failure, and returns the exit status:
+line (``capgate: error: <command>: ...``) on failure, and returns the exit status:
 0 ok, 1 a negative verdict (secrets found, a regression, misses, the command failed), 2 the
 command could not run (bad input, no recording, the gateway did not start).
 
     capgate recording lint DIR
     capgate recording verify DIR [--repair]
     capgate recording export-har DIR [-o OUT.har]
-    capgate recording import-har FILE.har DIR --map https://api.example.com=api ...
+    capgate recording import-har FILE.har DIR --map https://api.example.com=api [--agent A --role R]
     capgate policy test --policy NEW.yaml DIR [--allow-regressions]
-    capgate replay DIR [serve flags] -- COMMAND ...
+    capgate replay DIR [--agent A --role R --token-key PEM] [serve flags] -- COMMAND ...
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import signal
@@ -24,8 +25,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
@@ -39,7 +41,7 @@ STOP_TIMEOUT = 15.0
 
 
 def _error(command: str, message: str) -> int:
-    print(f"capgate {command}: error: {message}", file=sys.stderr)
+    print(f"capgate: error: {command}: {message}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -56,25 +58,34 @@ def parse_upstream_map(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def cmd_recording_lint(directory: Path) -> int:
-    """Exit 1 if anything secret-looking is left in the recording, 0 if clean."""
+def cmd_recording_lint(directory: Path, as_json: bool = False) -> int:
+    """Exit 1 if anything secret-looking is left in the recording, 0 if clean; 2 if it is not
+    a readable recording. ``as_json``: one object ``{ok, directory, findings, files, error}``."""
     directory = Path(directory)
     if not directory.is_dir():
         return _error("recording lint", f"{directory}: no such recording directory")
     findings = lint(directory)
+    problem: str | None = None
     try:
         load_recording(directory)
     except RecordingError as exc:
+        problem = str(exc)
+    files = sum(1 for p in directory.rglob("*") if p.is_file())
+    if as_json:
+        found = [dataclasses.asdict(f) for f in findings]
+        result = {"ok": not findings and problem is None, "directory": str(directory)}
+        print(json.dumps({**result, "findings": found, "files": files, "error": problem}))
+    else:
         for f in findings:
             print(f)
-        return _error("recording lint", str(exc))
-    for f in findings:
-        print(f)
+    if problem is not None:
+        return _error("recording lint", problem)
     if findings:
-        print(f"{directory}: {len(findings)} finding(s); redact or re-record before sharing")
+        if not as_json:
+            print(f"{directory}: {len(findings)} finding(s); redact or re-record before sharing")
         return EXIT_NEGATIVE
-    files = sum(1 for p in directory.rglob("*") if p.is_file())
-    print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
+    if not as_json:
+        print(f"{directory}: ok, {files} files scanned, nothing secret-looking found")
     return EXIT_OK
 
 
@@ -116,8 +127,16 @@ def cmd_export_har(directory: Path, out: Path | None) -> int:
     return EXIT_OK
 
 
-def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, str]) -> int:
-    """Import a HAR file (from any tool) into a recording; redacted like any recording."""
+def cmd_import_har(
+    har_file: Path,
+    directory: Path,
+    upstream_map: Mapping[str, str],
+    *,
+    agent: str | None = None,
+    roles: Sequence[str] = (),
+) -> int:
+    """Import a HAR file (from any tool) into a recording; redacted like any recording.
+    Exit 1 when no entry was imported (nothing written): an empty import proves nothing."""
     if not upstream_map:
         return _error("recording import-har", "give at least one --map URL_PREFIX=UPSTREAM")
     try:
@@ -127,10 +146,18 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
     except (ValueError, UnicodeDecodeError) as exc:
         return _error("recording import-har", f"{har_file}: not JSON: {exc}")
     try:
-        result = import_har(har, directory, upstream_map)
+        result = import_har(har, directory, upstream_map, agent=agent, roles=roles)
     except RecordingError as exc:
         return _error("recording import-har", f"{har_file}: {exc}")
     skipped = ", ".join(f"{o} ({n})" for o, n in sorted(result.skipped.items()))
+    if result.imported == 0:
+        why = f"entries of unmapped origins: {skipped}" if skipped else "the HAR has no entries"
+        _error(
+            "recording import-har",
+            f"{har_file}: 0 entries imported ({why}); nothing written; give --map ORIGIN=UPSTREAM "
+            "for the origins to keep",
+        )
+        return EXIT_NEGATIVE
     print(
         f"imported {result.imported} entries into {directory} "
         f"(runs: {', '.join(sorted(result.runs)) or 'none'})"
@@ -147,7 +174,16 @@ def cmd_import_har(har_file: Path, directory: Path, upstream_map: Mapping[str, s
 
 
 def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool = False) -> int:
-    """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied."""
+    """Recorded traffic through a new policy; exit 1 when an allowed call becomes denied or
+    when no call could be checked."""
+    return regression_report(policy_file, directory, allow_regressions)[0]
+
+
+def regression_report(
+    policy_file: Path, directory: Path, allow_regressions: bool = False, as_json: bool = False
+) -> tuple[int, dict[str, Any] | None]:
+    """The exit status of a regression run, and its report as data (printed as text unless
+    ``as_json``). A run that checked no call fails (exit 1): it proved nothing."""
     from gateway.commands.regression import policy_test
     from gateway.policy.load import load_policy
     from gateway.policy_file import PolicyError
@@ -155,21 +191,28 @@ def cmd_policy_test(policy_file: Path, directory: Path, allow_regressions: bool 
     try:
         policy = load_policy(policy_file)
     except PolicyError as exc:
-        return _error("policy test", f"policy {policy_file} has errors:\n{exc}")
+        return _error("policy test", f"policy {policy_file} has errors:\n{exc}"), None
     except OSError as exc:
-        return _error("policy test", f"{policy_file}: {exc.strerror}")
+        return _error("policy test", f"{policy_file}: {exc.strerror}"), None
     try:
         report = asyncio.run(policy_test(policy, directory))
     except RecordingError as exc:
-        return _error("policy test", str(exc))
-    print(report.text())
+        return _error("policy test", str(exc)), None
     code = report.exit_code(allow_regressions)
-    if report.regressions and allow_regressions:
+    if not as_json:
+        print(report.text())
+        if report.regressions and allow_regressions:
+            print(
+                f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
+                "--allow-regressions)"
+            )
+    if report.checked == 0:
         print(
-            f"{len(report.regressions)} allowed call(s) would be denied (allowed by "
-            "--allow-regressions)"
+            f"capgate: error: policy test: {directory}: 0 calls checked "
+            f"({len(report.skipped)} skipped: {report.skip_summary()}); nothing was compared",
+            file=sys.stderr,
         )
-    return code
+    return code, report.as_dict()
 
 
 # --- capgate replay DIR -- COMMAND ------------------------------------------------------------
@@ -213,6 +256,66 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class CiToken:
+    """What ``capgate replay --agent A --role R --token-key PEM`` mints for the command: a
+    short-lived capability token, signed here (``serve`` never holds a token-signing key) and
+    passed to the command in the environment variable ``env``."""
+
+    key: Path
+    agent: str
+    roles: tuple[str, ...]
+    ttl: float = 600.0
+    run: str | None = None
+    env: str = "CAPGATE_TOKEN"
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def mint_ci_token(spec: CiToken, serve_args: Sequence[str]) -> str:
+    """A token for ``spec``, with the audience and issuer the gateway's flags require, checked
+    against its ``--jwks`` when given (so a key the gateway does not trust fails here, in one
+    line, not as 401s in the command's log). ``ValueError`` says what is wrong."""
+    from gateway import tokens
+    from gateway.errors import ConfigError, GatewayError
+
+    try:
+        key = tokens.load_private_key(spec.key)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    audience = _flag(serve_args, "--audience") or "capgate"
+    issuers = _flag(serve_args, "--issuers")
+    issuer = issuers.split(",")[0].strip() if issuers else "capgate"
+    token = tokens.mint_token(
+        key,
+        agent=spec.agent,
+        roles=list(spec.roles),
+        ttl=spec.ttl,
+        run=spec.run,
+        audience=audience,
+        issuer=issuer,
+    )
+    jwks = _flag(serve_args, "--jwks")
+    if jwks is not None:
+        algorithm = tokens.algorithm_of(key)
+        settings = tokens.TokenSettings(algorithm=algorithm, audience=audience, issuers=(issuer,))
+        try:
+            tokens.TokenVerifier(tokens.Keyset.from_file(jwks, algorithm), settings).verify(token)
+        except (GatewayError, ConfigError) as exc:
+            why = exc.detail if isinstance(exc, GatewayError) else str(exc)
+            raise ValueError(f"the gateway would refuse the minted token: {why}") from None
+    return token
+
+
 def replay_command(
     directory: Path,
     command: list[str],
@@ -220,17 +323,30 @@ def replay_command(
     environ: Mapping[str, str],
     *,
     ready_timeout: float = READY_TIMEOUT,
+    token: CiToken | None = None,
 ) -> int:
     """Run ``command`` against a gateway replaying ``directory``; stop it; print the report.
 
     The gateway is ``python -m gateway serve --mode replay --recordings DIR --replay-report
     <tmp>/replay-report.json --port 0 <serve_args>``; the command gets ``CAPGATE_URL`` in its
-    environment. Exit status: the command's own when it failed, else 1 if any call missed,
-    else 0; 2 when the gateway did not start or wrote no report.
+    environment, and with ``token``, a freshly minted capability token in ``token.env``.
+    Exit status: the command's own when it failed, else 1 if any call missed, else 0; 2 when
+    the gateway did not start, wrote no report, or the token could not be minted.
     """
     name = "replay"
     if not command:
         return _error(name, "no command to run; usage: capgate replay DIR -- COMMAND ...")
+    extra: dict[str, str] = {}
+    if token is not None:
+        try:
+            extra[token.env] = mint_ci_token(token, serve_args)
+        except ValueError as exc:
+            return _error(name, str(exc))
+        print(
+            f"capgate replay: a token for agent {token.agent!r} (roles "
+            f"{', '.join(token.roles)}), valid {token.ttl:g}s, is in ${token.env}",
+            file=sys.stderr,
+        )
     try:
         load_recording(directory)  # fail early, with the recording's own error
     except RecordingError as exc:
@@ -274,7 +390,7 @@ def replay_command(
                     + (f" (exit status {proc.returncode})" if proc.returncode else "")
                     + (f": {said}" if said else "; see its log above"),
                 )
-            env = {**environ, "CAPGATE_URL": url}
+            env = {**environ, **extra, "CAPGATE_URL": url}
             try:
                 # S603: running the user's own command is what 'capgate replay' is for.
                 status = subprocess.call(command, env=env)  # noqa: S603

@@ -18,7 +18,8 @@ state store, internal errors. Recorded bodies are redacted, so a check that look
 password field sees ``[redacted:key]``; such calls are rare and show up as changes to look at.
 
 ``RegressionReport.exit_code(allow_regressions)`` is 1 when an allowed call becomes denied
-(unless allowed), else 0.
+(unless allowed) or when no call could be checked (a recording imported from HAR without
+``--agent/--role`` has no roles: every call is skipped), else 0.
 """
 
 from __future__ import annotations
@@ -110,7 +111,19 @@ class RegressionReport:
         return self.of_kind("allowed->denied")
 
     def exit_code(self, allow_regressions: bool = False) -> int:
+        """1 when an allowed call became denied (unless allowed), or when no call was
+        checked at all (a test that compared nothing must not pass); else 0."""
+        if self.checked == 0:
+            return 1
         return 1 if self.regressions and not allow_regressions else 0
+
+    def skip_summary(self) -> str:
+        """Why calls were skipped, most common first: ``no roles recorded (8)``."""
+        counts: dict[str, int] = {}
+        for s in self.skipped:
+            counts[s["why"]] = counts.get(s["why"], 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{why} ({n})" for why, n in ranked) or "none recorded"
 
     def as_dict(self) -> dict[str, Any]:
         counts = {

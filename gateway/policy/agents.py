@@ -138,7 +138,9 @@ def _entries(node: Node, roles: frozenset[str]) -> tuple[AgentEntry, ...]:
 
 def _granted(node: Node, roles: frozenset[str]) -> frozenset[str] | None:
     if isinstance(node.value, dict):
-        m = node.as_map(required=("roles",), optional=("description",))
+        from gateway.policy.spec import AGENT
+
+        m = node.as_map(required=AGENT.required, optional=AGENT.optional)
         if m is None or "roles" not in m:
             return None
         if "description" in m:

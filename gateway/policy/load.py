@@ -40,8 +40,8 @@ from gateway.target import UPSTREAM_NAME
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_CONCURRENCY = 64
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-RULE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+NAME = re.compile(spec.ROLE_NAME)
+RULE_ID = re.compile(spec.RULE_ID)
 PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
 # A literal path segment in a pattern: pchar without '%' escapes, ';' or a lone dot segment.
 LITERAL_SEGMENT = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=:@]+")
@@ -538,7 +538,7 @@ def _uri_pattern(node: Node) -> UriPattern | None:
     """``resource: "test://docs/{name}"``, or ``{uri: ..., params: {name: {...}}}``."""
     params: dict[str, Constraint] = {}
     if isinstance(node.value, dict):
-        m = node.as_map(required=("uri",), optional=("params",))
+        m = node.as_map(required=spec.RESOURCE.required, optional=spec.RESOURCE.optional)
         if m is None or "uri" not in m:
             return None
         params = _constraints(m["params"]) if "params" in m else {}

@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.checks import PAYLOAD_CHECKS
 from gateway.policy.model import MCP_METHODS, METHODS
+from gateway.target import UPSTREAM_NAME
 
 JSON = dict[str, Any]
 
@@ -38,6 +39,9 @@ RATE: JSON = {
     "pattern": r"^\s*[0-9]+\s*/\s*[A-Za-z]+(\s+burst\s+[0-9]+)?\s*$",
 }
 TEXT: JSON = {"type": "string"}
+# Names, as regular expressions the whole name must match (the loader compiles these).
+ROLE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+RULE_ID = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 DEFAULT_SQL_ATTEMPTS = "300/minute burst 60"
 """The attempt rate of a rule with ``sql:`` that states none: 5 checks a second per agent on
 average, 60 back to back, far above what an agent composing queries sends, and a bound on
@@ -229,11 +233,24 @@ REPLAY = Section(
         ),
     ),
 )
+RESOURCE = Section(
+    "resource",
+    "MCP resources as a URI pattern, with constraints on its parameters.",
+    (
+        Key("uri", "the URI pattern, {name} for a parameter", TEXT, required=True),
+        Key("params", "constraints on the URI's {parameters}", _CONSTRAINTS),
+    ),
+)
 RULE = Section(
     "rule",
     "One kind of call a role may make; every call needs a rule that allows it.",
     (
-        Key("id", "unique id, named in denials and audit lines", TEXT, required=True),
+        Key(
+            "id",
+            "unique id, named in denials and audit lines",
+            {"type": "string", "pattern": f"^{RULE_ID}$"},
+            required=True,
+        ),
         Key("upstream", "the upstream's name", TEXT, required=True),
         Key(
             "allow",
@@ -252,17 +269,7 @@ RULE = Section(
             "resource",
             "MCP: the resources this rule allows (read, subscribe), a URI with {name} "
             "parameters, or {uri, params} to constrain them",
-            {
-                "anyOf": [
-                    TEXT,
-                    {
-                        "type": "object",
-                        "properties": {"uri": TEXT, "params": _CONSTRAINTS},
-                        "required": ["uri"],
-                        "additionalProperties": False,
-                    },
-                ]
-            },
+            {"anyOf": [TEXT, RESOURCE.schema()]},
         ),
         Key(
             "method",
@@ -332,6 +339,19 @@ ROLE = Section(
         Key("quota", "calls per run under this role", {"type": "integer", "minimum": 1}),
     ),
 )
+AGENT = Section(
+    "agent",
+    "An agent (or a fleet, by pattern) and the roles it may hold.",
+    (
+        Key(
+            "roles",
+            "the roles its tokens may carry",
+            {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            required=True,
+        ),
+        Key("description", "for people", TEXT),
+    ),
+)
 DOCUMENT = Section(
     "policy",
     "A capgate policy: upstreams, and roles of rules. Anything not allowed is denied.",
@@ -365,27 +385,18 @@ def policy_schema() -> JSON:
     doc["properties"]["upstreams"] = {
         **doc["properties"]["upstreams"],
         "minProperties": 1,
-        "propertyNames": {"pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"},
+        "propertyNames": {"pattern": f"^{UPSTREAM_NAME.pattern}$"},
         "additionalProperties": UPSTREAM.schema(),
     }
     doc["properties"]["roles"] = {
         **doc["properties"]["roles"],
+        "propertyNames": {"pattern": f"^{ROLE_NAME}$"},
         "additionalProperties": role,
     }
-    roles = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    agent = AGENT.schema()
     doc["properties"]["agents"] = {
         **doc["properties"]["agents"],
-        "additionalProperties": {
-            "anyOf": [
-                roles,
-                {
-                    "type": "object",
-                    "properties": {"roles": roles, "description": TEXT},
-                    "required": ["roles"],
-                    "additionalProperties": False,
-                },
-            ]
-        },
+        "additionalProperties": {"anyOf": [agent["properties"]["roles"], agent]},
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -237,7 +238,21 @@ def _origin(url: str) -> str:
     return f"{scheme}://{rest.split('/', 1)[0].split('?', 1)[0]}"
 
 
+_TEXTUAL = re.compile(
+    r"^(text/|application/([\w.+-]*\+)?(json|xml|javascript|x-www-form-urlencoded|x-ndjson|graphql|sql|yaml)\b)"
+)
+
+
+def _textual(mime: Any) -> bool:
+    return isinstance(mime, str) and bool(_TEXTUAL.match(mime.strip().lower()))
+
+
 def _decode_content(content: Mapping[str, Any], where: str) -> bytes:
+    """A HAR body's bytes: base64 when ``encoding`` (or capgate's ``_encoding``, on postData,
+    where HAR 1.2 has no ``encoding``) says so; UTF-8 for a textual type; and for a binary
+    type (``application/octet-stream``, ``image/png``, protobuf...) written as a string of
+    code points 0-255, the way browsers and proxies put bytes in a HAR, those bytes (Latin-1),
+    so the call matches on replay the body the agent sends."""
     text = content.get("text")
     if text is None:
         return b""
@@ -248,6 +263,12 @@ def _decode_content(content: Mapping[str, Any], where: str) -> bytes:
             return base64.b64decode(text, validate=False)
         except ValueError:
             raise HarError(f"{where}: 'text' is not valid base64") from None
+    mime = content.get("mimeType")
+    if mime and not _textual(mime) and any(ord(c) > 0x7F for c in text):
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            pass  # beyond U+00FF: it was text after all
     return text.encode("utf-8")
 
 
@@ -272,8 +293,16 @@ def import_har(
     upstream_map: Mapping[str, str],
     *,
     run: str | None = None,
+    agent: str | None = None,
+    roles: Sequence[str] = (),
 ) -> ImportResult:
-    """Write the entries of ``har`` whose URL maps to an upstream into a recording."""
+    """Write the entries of ``har`` whose URL maps to an upstream into a recording.
+
+    Into an existing recording, entries are appended: each run's sequence numbers continue
+    after its last one (a ``_capgate.seq`` already used is renumbered), so two imports never
+    hold two calls with one number. ``agent`` and ``roles`` are recorded for entries that do
+    not say theirs (a browser's HAR never does), so ``capgate policy test`` can re-decide
+    them. Nothing is written when no entry maps (``imported`` is 0)."""
     log = har.get("log") if isinstance(har, Mapping) else None
     if not isinstance(log, Mapping) or not isinstance(log.get("entries"), list):
         raise HarError("not a HAR document: expected {'log': {'entries': [...]}}")
@@ -282,24 +311,33 @@ def import_har(
         key=lambda item: len(item[0]),
         reverse=True,
     )
-    writer = RecordingWriter(Path(directory))
     result = ImportResult()
-    first: dict[str, float] = {}
-    seqs: dict[str, int] = {}
+    mapped: list[tuple[float, str, Mapping[str, Any], Mapping[str, Any], tuple[str, str, str]]] = []
     for started, i, entry in _entries_by_time(log["entries"]):
         where = f"entries[{i}]"
         req = _request_of(entry, where)
-        mapped = _map_url(req["url"], prefixes)
-        if mapped is None:
+        found = _map_url(req["url"], prefixes)
+        if found is None:
             origin = _origin(req["url"])
             result.skipped[origin] = result.skipped.get(origin, 0) + 1
             continue
-        upstream, target, prefix = mapped
-        capgate = entry.get("_capgate") if isinstance(entry.get("_capgate"), Mapping) else {}
-        assert isinstance(capgate, Mapping)
+        mapped.append((started, where, entry, req, found))
+    if not mapped:
+        return result
+    writer = RecordingWriter(Path(directory))
+    first: dict[str, float] = {}
+    for started, where, entry, req, (upstream, target, prefix) in mapped:
+        capgate = dict(entry["_capgate"]) if isinstance(entry.get("_capgate"), Mapping) else {}
+        if agent is not None and not capgate.get("agent"):
+            capgate["agent"] = agent
+        if roles and not capgate.get("roles"):
+            capgate["roles"] = list(roles)
         run_name = str(capgate.get("run") or run or "default")
         base = first.setdefault(run_name, started)
-        seqs[run_name] = seqs.get(run_name, 0) + 1
+        given = capgate.pop("seq", None)
+        seq = writer.last_seq(run_name) + 1
+        if isinstance(given, int) and not isinstance(given, bool) and given > seq:
+            seq = given
         if isinstance(capgate.get("target"), str):
             target = capgate["target"]
         writer.append(
@@ -309,7 +347,7 @@ def import_har(
                 capgate,
                 where,
                 run=run_name,
-                seq=seqs[run_name],
+                seq=seq,
                 t=max(started - base, 0.0),
                 target=target,
                 upstream=upstream,
@@ -356,7 +394,7 @@ def _exchange(
     target: str,
     upstream: str,
 ) -> Exchange:
-    """The record of one mapped HAR entry (``seq`` when ``_capgate`` has none)."""
+    """The record of one mapped HAR entry, numbered ``seq``."""
     resp = entry.get("response")
     body = _request_body(req.get("postData"), where)
     kind = "denial" if capgate.get("kind") == "denial" else "exchange"
@@ -369,7 +407,7 @@ def _exchange(
     return Exchange(
         kind=kind,
         run=run,
-        seq=int(capgate.get("seq") or seq),
+        seq=seq,
         t=t,
         method=req["method"].upper(),
         target=target,

@@ -76,6 +76,8 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         record["operator"] = call.operator
     if call.state_error_allowed:
         record["state_error_allowed"] = True
+    if call.fault is not None:
+        record["fault"] = call.fault
     return record
 
 

@@ -64,3 +64,4 @@ class Dispatch:
             ) from None
         finally:
             call.upstream_ended = time.monotonic()
+            call.fault = request.fault

@@ -34,7 +34,7 @@ def test_lint_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert cmd_recording_lint(directory) == 2  # also not a valid record: both are reported
     out, err = capsys.readouterr()
     assert "runs/r1.jsonl:2: jwt: eyJh... (" in out and JWT not in out
-    assert err.startswith("capgate recording lint: error: ") and err.count("\n") == 1
+    assert err.startswith("capgate: error: recording lint: ") and err.count("\n") == 1
     assert cmd_recording_lint(tmp_path / "missing") == 2
 
 
@@ -147,7 +147,90 @@ def test_replay_reports_a_gateway_that_does_not_start(
     bad = [*serve, "--policy", str(tmp_path / "missing.yaml")]
     assert replay_command(EXAMPLE, run_agent("pass"), bad, env) == 2
     err = capfd.readouterr().err
-    assert "capgate replay: error: the gateway did not start" in err
+    assert "capgate: error: replay: the gateway did not start" in err
     assert replay_command(tmp_path / "none", ["true"], serve, env) == 2
     assert "no such recording directory" in capfd.readouterr().err
     assert replay_command(EXAMPLE, [], serve, env) == 2
+
+
+AGENT_WITH_MINTED_TOKEN = r"""
+import os, urllib.request
+token = os.environ["CAPGATE_TOKEN"]
+req = urllib.request.Request(
+    os.environ["CAPGATE_URL"] + "/metrics/metrics/cpu?window=5m",
+    headers={"Authorization": "Bearer " + token},
+)
+with urllib.request.urlopen(req, timeout=10) as r:
+    assert r.status == 200
+"""
+
+
+def test_ci_replay_mints_the_commands_token(
+    replay_env, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    # What a CI job runs: no token made beforehand, only the test key on the command line;
+    # options may come before or after DIR. The gateway never sees the key.
+    from gateway.cli import main
+
+    env, serve = replay_env
+    key = Path(serve[serve.index("--jwks") + 1]).with_name("signing-key.pem")
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT_WITH_MINTED_TOKEN)
+    argv = ["replay", "--agent", "sre-bot", str(EXAMPLE), "--role", "sre-diagnostics"]
+    argv += ["--token-key", str(key), "--token-ttl", "2m", *serve, "--", sys.executable]
+    assert main([*argv, str(agent)], env) == 0
+    captured = capfd.readouterr()
+    assert "1 call(s) answered from the recording, 0 miss(es)" in captured.out
+    assert "a token for agent 'sre-bot' (roles sre-diagnostics), valid 120s, is in " in (
+        captured.err
+    )
+    assert "$CAPGATE_TOKEN" in captured.err
+    # A key the gateway does not trust: one line, before anything starts.
+    from gateway.tokens import generate_keys
+
+    other, _ = generate_keys(tmp_path / "other")
+    argv[argv.index(str(key))] = str(other)
+    assert main([*argv, str(agent)], env) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("capgate: error: replay: the gateway would refuse the minted token")
+    assert err.count("\n") == 1
+    # Half the options: a usage error.
+    assert main(["replay", str(EXAMPLE), "--agent", "sre-bot", *serve, "--", "true"], env) == 2
+    assert "needs --agent, --role and --token-key" in capfd.readouterr().err
+
+
+def test_import_har_cli_empty_import_fails_and_roles_make_calls_testable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli import main
+
+    har = tmp_path / "example.har"
+    assert cmd_export_har(EXAMPLE, har) == 0
+    data = json.loads(har.read_text())
+    for entry in data["log"]["entries"]:  # a HAR from a browser says nothing of capgate
+        entry.pop("_capgate", None)
+    har.write_text(json.dumps(data))
+    capsys.readouterr()
+    upstreams = json.loads((EXAMPLE / "manifest.json").read_text())["upstreams"]
+    maps = [x for name, url in upstreams.items() for x in ("--map", f"{url}={name}")]
+    argv = ["recording", "import-har", str(har)]
+    # Nothing mapped: exit 1, one line, nothing written.
+    assert main([*argv, str(tmp_path / "none"), "--map", "https://nowhere.test=api"], {}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("capgate: error: recording import-har: ") and err.count("\n") == 1
+    assert "0 entries imported (entries of unmapped origins: " in err
+    assert not (tmp_path / "none").exists()
+    # Without --agent/--role, policy test on the import checks nothing and fails ...
+    bare = tmp_path / "bare"
+    assert main([*argv, str(bare), *maps], {}) == 0
+    policy = str(ROOT / "policies" / "example.yaml")
+    assert main(["policy", "test", "--policy", policy, str(bare)], {}) == 1
+    assert "0 calls checked" in capsys.readouterr().err
+    # ... with them, it checks every call.
+    tagged = tmp_path / "tagged"
+    who = ["--agent", "sre-bot", "--role", "sre-diagnostics"]
+    assert main([*argv, str(tagged), *maps, *who], {}) == 0
+    capsys.readouterr()
+    assert main(["policy", "test", "--policy", policy, str(tagged), "--json"], {}) in (0, 1)
+    [report] = json.loads(capsys.readouterr().out)["recordings"]
+    assert report["checked"] == len(data["log"]["entries"]) and report["skipped"] == []

@@ -208,3 +208,64 @@ async def test_an_imported_capture_replays(tmp_path: Path) -> None:
 def test_bad_har_gives_one_readable_error(tmp_path: Path, har: dict, message: str) -> None:
     with pytest.raises(HarError, match=message):
         import_har(har, tmp_path, {"https://a.test": "a"})
+
+
+BLOB = bytes(range(256)) * 4
+
+
+def _upload_har(text: str, *, encoding: str | None = None, run: str | None = None) -> dict:
+    post = {"mimeType": "application/octet-stream", "text": text}
+    if encoding:
+        post["encoding"] = encoding
+    entry: dict = {
+        "startedDateTime": "2026-12-01T09:00:00Z",
+        "request": {
+            "method": "POST",
+            "url": "https://api.example.com/v1/upload",
+            "headers": [{"name": "Content-Type", "value": "application/octet-stream"}],
+            "postData": post,
+        },
+        "response": {"status": 201, "content": {"mimeType": "text/plain", "text": "stored"}},
+    }
+    if run:
+        entry["_capgate"] = {"run": run, "seq": 1}
+    return {"log": {"version": "1.2", "entries": [entry]}}
+
+
+@pytest.mark.parametrize(
+    ("text", "encoding"),
+    [
+        (BLOB.decode("latin-1"), None),  # as browsers and proxies write bytes in a HAR
+        (base64.b64encode(BLOB).decode(), "base64"),
+    ],
+    ids=["latin-1", "base64"],
+)
+async def test_a_binary_request_body_matches_on_replay(
+    tmp_path: Path, text: str, encoding: str | None
+) -> None:
+    out = tmp_path / "rec"
+    import_har(_upload_har(text, encoding=encoding), out, {"https://api.example.com/v1": "api"})
+    policy = mini_policy()
+    transport = ReplayTransport(out)
+    resp = await transport.send(request(policy, None, "POST", "/upload", body=BLOB))
+    assert resp.status == 201 and await drain(resp) == b"stored"
+
+
+def test_a_second_import_appends_with_new_sequence_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    mapping = {"https://api.example.com/v1": "api"}
+    for _ in range(2):
+        assert import_har(_upload_har("x"), out, mapping, agent="bot", roles=["ops"]).imported == 1
+    # An exported HAR says its own seq: imported twice into the same run, still unique.
+    for _ in range(2):
+        import_har(_upload_har("y", run="default"), out, mapping)
+    entries = list(load_recording(out).entries())
+    assert [e.seq for e in entries] == [1, 2, 3, 4]
+    assert [(e.agent, e.roles) for e in entries[:2]] == [("bot", ("ops",))] * 2
+
+
+def test_an_import_of_nothing_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    result = import_har(_upload_har("x"), out, {"https://other.example.com": "api"})
+    assert result.imported == 0 and result.skipped == {"https://api.example.com": 1}
+    assert not out.exists()

@@ -77,6 +77,7 @@ async def test_rule_changes_and_skipped_calls(tmp_path: Path) -> None:
     anonymous.error = ErrorInfo("upstream_timeout", 504, "slow")
     directory = write(tmp_path / "rec", limited, anonymous)
     report = await policy_test(changed(tmp_path, POLICY), directory)  # type: ignore[arg-type]
+    assert report.exit_code() == 1  # it checked nothing: that is no pass
     assert report.checked == 0 and [s["why"] for s in report.skipped] == [
         "decided by rate_limited, not by the rules",
         "no roles recorded for this call",

@@ -66,7 +66,7 @@ async def test_the_record_is_a_closed_set_of_fields(policy: Policy) -> None:
     assert set(AuditRecord.__annotations__) == {
         "v", "time", "request_id", "agent", "jti", "run", "upstream", "method", "path", "rule",
         "decision", "reason", "status", "duration_ms", "query", "request_body", "response_body",
-        "sql", "mcp", "approval", "operator", "state_error_allowed",
+        "sql", "mcp", "approval", "operator", "state_error_allowed", "fault",
     }  # fmt: skip
     assert (record["rule"], record["decision"], record["reason"]) == (
         "status",

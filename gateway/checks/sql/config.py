@@ -28,30 +28,6 @@ _T = TypeVar("_T")
 
 _FIELD_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
 
-SQL_KEYS = (
-    "dialect",
-    "field",
-    "body",
-    "argument",
-    "statements",
-    "max_statements",
-    "tables",
-    "default_schema",
-    "schema",
-    "schema_file",
-    "deny_columns",
-    "functions",
-    "max_limit",
-    "add_limit",
-    "allow",
-    "max_length",
-    "max_joins",
-    "server_version",
-    "standard_conforming_strings",
-    "sql_mode",
-    "parameters",
-)
-
 
 def _strings(description: str, items: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "array", "items": items or {"type": "string"}, "description": description}
@@ -110,6 +86,9 @@ SQL_KEY_SCHEMA: dict[str, Any] = {
     "required": ["dialect", "tables"],
     "additionalProperties": False,
 }
+# The keys the loader reads, from the schema above: the one place they are declared.
+SQL_KEYS: tuple[str, ...] = tuple(SQL_KEY_SCHEMA["properties"])
+SQL_REQUIRED: tuple[str, ...] = tuple(SQL_KEY_SCHEMA["required"])
 
 
 class _Schema:
@@ -301,7 +280,7 @@ class _Reader:
 def compile_sql_check(node: Node, context: CheckContext) -> SqlBodyCheck | None:
     """The ``sql:`` key of a rule -> ``SqlBodyCheck``; errors go to ``node.fail``."""
     issues_before = len(node.issues)
-    m = node.as_map(required=("dialect", "tables"), optional=SQL_KEYS)
+    m = node.as_map(required=SQL_REQUIRED, optional=SQL_KEYS)
     if m is None:
         return None
     rule_id = context.rule_id

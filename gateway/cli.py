@@ -353,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(options may also follow DIR), a short-lived capability token is minted here and "
         "given to COMMAND in $CAPGATE_TOKEN; the gateway itself never holds the key.",
     )
-    _ci_token_options(rp)
+    from gateway.commands.ci_token import add_token_options
+
+    add_token_options(rp)
     rp.add_argument("directory", type=Path, help="the recording to replay")
     rp.add_argument(
         "serve_args",
@@ -671,28 +673,12 @@ def cmd_recording(args: argparse.Namespace) -> int:
     )
 
 
-def _ci_token_options(p: argparse.ArgumentParser) -> None:
-    """The options that mint a token for the command ``replay`` runs."""
-    p.add_argument("--agent", help="mint a token for this agent (with --role, --token-key)")
-    p.add_argument("--role", action="append", dest="roles", help="a role of the token")
-    p.add_argument(
-        "--token-key", type=Path, help="the test signing key (PEM) whose JWKS the gateway trusts"
-    )
-    p.add_argument(
-        "--token-ttl", type=_duration, default=600.0, help="the token's lifetime (default 10m)"
-    )
-    p.add_argument("--run", help="the token's run id")
-    p.add_argument(
-        "--token-env", default="CAPGATE_TOKEN", help="the variable holding it (CAPGATE_TOKEN)"
-    )
-
-
 def _ci_token(args: argparse.Namespace, before: list[str]) -> tuple[Any, list[str]]:
     """The token to mint (options before or after DIR), and the serve options left."""
-    from gateway.commands.recording import CiToken
+    from gateway.commands.ci_token import CiToken, add_token_options
 
     p = _Parser(prog="capgate replay", add_help=False, allow_abbrev=False)
-    _ci_token_options(p)
+    add_token_options(p)
     # Options after DIR: parsed into the same namespace (argparse keeps what is set there).
     _, serve = p.parse_known_args(before, namespace=args)
     wanted = (args.agent, args.roles, args.token_key)

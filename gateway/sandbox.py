@@ -248,7 +248,11 @@ def bwrap_argv(spec: SandboxSpec, netns_fd: int) -> list[str]:
 
 
 def sandbox_environ(
-    environ: Mapping[str, str], token: str | None, extra: Mapping[str, str]
+    environ: Mapping[str, str],
+    token: str | None,
+    extra: Mapping[str, str],
+    *,
+    token_env: str = "CAPGATE_TOKEN",  # noqa: S107 (a variable name, not a secret)
 ) -> dict[str, str]:
     """The command's whole environment: where the gateway is, its token, and ``extra``;
     never the gateway's own environment, which holds upstream credentials."""
@@ -261,7 +265,7 @@ def sandbox_environ(
     if "TERM" in environ:
         out["TERM"] = environ["TERM"]
     if token is not None:
-        out["CAPGATE_TOKEN"] = token
+        out[token_env] = token
     out.update(extra)
     return out
 

@@ -25,10 +25,10 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from gateway.commands.ci_token import CiToken, mint_ci_token
 from gateway.recording.format import RecordingError
 from gateway.recording.har import export_har, import_har
 from gateway.recording.lint import lint
@@ -254,66 +254,6 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-@dataclass(frozen=True, slots=True)
-class CiToken:
-    """What ``capgate replay --agent A --role R --token-key PEM`` mints for the command: a
-    short-lived capability token, signed here (``serve`` never holds a token-signing key) and
-    passed to the command in the environment variable ``env``."""
-
-    key: Path
-    agent: str
-    roles: tuple[str, ...]
-    ttl: float = 600.0
-    run: str | None = None
-    env: str = "CAPGATE_TOKEN"
-
-
-def _flag(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one)."""
-    found = None
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith(name + "="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def mint_ci_token(spec: CiToken, serve_args: Sequence[str]) -> str:
-    """A token for ``spec``, with the audience and issuer the gateway's flags require, checked
-    against its ``--jwks`` when given (so a key the gateway does not trust fails here, in one
-    line, not as 401s in the command's log). ``ValueError`` says what is wrong."""
-    from gateway import tokens
-    from gateway.errors import ConfigError, GatewayError
-
-    try:
-        key = tokens.load_private_key(spec.key)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    audience = _flag(serve_args, "--audience") or "capgate"
-    issuers = _flag(serve_args, "--issuers")
-    issuer = issuers.split(",")[0].strip() if issuers else "capgate"
-    token = tokens.mint_token(
-        key,
-        agent=spec.agent,
-        roles=list(spec.roles),
-        ttl=spec.ttl,
-        run=spec.run,
-        audience=audience,
-        issuer=issuer,
-    )
-    jwks = _flag(serve_args, "--jwks")
-    if jwks is not None:
-        algorithm = tokens.algorithm_of(key)
-        settings = tokens.TokenSettings(algorithm=algorithm, audience=audience, issuers=(issuer,))
-        try:
-            tokens.TokenVerifier(tokens.Keyset.from_file(jwks, algorithm), settings).verify(token)
-        except (GatewayError, ConfigError) as exc:
-            why = exc.detail if isinstance(exc, GatewayError) else str(exc)
-            raise ValueError(f"the gateway would refuse the minted token: {why}") from None
-    return token
 
 
 def replay_command(

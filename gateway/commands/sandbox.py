@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from gateway.commands.ci_token import CiToken, add_token_options, mint_ci_token
 from gateway.config import Settings, revocations_path
 from gateway.errors import ConfigError
 
@@ -43,6 +44,8 @@ def add_sandbox_parser(
         help="the agent's capability token, given to COMMAND as $CAPGATE_TOKEN (the file "
         "itself stays outside)",
     )
+    # ... or one minted here for CI from a test key (the gateway never holds the key).
+    add_token_options(run)
     run.add_argument(
         "--expose",
         action="append",
@@ -105,6 +108,43 @@ def _environ(pairs: Sequence[str]) -> dict[str, str]:
             raise ConfigError(f"--env {pair!r}: expected NAME=VALUE")
         out[name] = value
     return out
+
+
+def _token(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str]:
+    """The command's token and its variable: read from ``--token-file``, or minted from
+    ``--agent --role --token-key`` and checked against the gateway's JWKS."""
+    wanted = (args.agent, args.roles, args.token_key)
+    if args.token_file is not None:
+        if any(wanted):
+            raise ConfigError("--token-file and --agent/--role/--token-key: give one or the other")
+        try:
+            return args.token_file.read_text("utf-8").strip(), args.token_env
+        except OSError as exc:
+            raise ConfigError(f"--token-file {str(args.token_file)!r}: {exc.strerror}") from None
+    if not any(wanted):
+        return None, args.token_env
+    if not all(wanted):
+        raise ConfigError("a token for the command needs --agent, --role and --token-key")
+    spec = CiToken(
+        key=args.token_key,
+        agent=args.agent,
+        roles=tuple(args.roles),
+        ttl=args.token_ttl,
+        run=args.run,
+        env=args.token_env,
+    )
+    gateway_flags = [
+        "--audience",
+        settings.tokens.audience,
+        "--issuers",
+        ",".join(settings.tokens.issuers),
+        "--jwks",
+        str(settings.jwks),
+    ]
+    try:
+        return mint_ci_token(spec, gateway_flags), spec.env
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _credential_files(settings: Settings) -> Iterator[Path]:
@@ -177,12 +217,7 @@ def sandbox_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int
         raise ConfigError("usage: capgate sandbox run [options] [serve options] -- COMMAND ...")
     preflight()
     settings = load_settings(serve_flags(args), environ, args.config)
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text("utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file {str(args.token_file)!r}: {exc.strerror}") from None
+    token, token_env = _token(args, settings)
     uid, gid = _user(args.user)
     cwd = Path(os.getcwd()).resolve()
     spec = SandboxSpec(
@@ -191,7 +226,7 @@ def sandbox_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int
         expose=[p.resolve() for p in args.expose],
         writable=[p.resolve() for p in args.writable],
         hidden=gateway_files(settings, args.config, args.token_file),
-        environ=sandbox_environ(environ, token, _environ(args.env)),
+        environ=sandbox_environ(environ, token, _environ(args.env), token_env=token_env),
         uid=uid,
         gid=gid,
     )

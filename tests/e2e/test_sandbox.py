@@ -200,6 +200,56 @@ def test_the_commands_exit_status_is_capgates(
     assert done.returncode != 0
 
 
+def test_ci_mints_the_commands_token_and_the_gateway_never_holds_the_key(
+    workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
+) -> None:
+    """``--agent --role --token-key``: a short-lived token signed by the CLI from a test key,
+    checked against the gateway's JWKS, given to the command; the key stays outside."""
+    work = _workdir(tmp_path)
+    audit = tmp_path / "audit.jsonl"
+    python, expose = _python()
+    plan = {"calls": [["GET", "/echo/echo/minted"]], "read": [str(workspace.token_key)]}
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "sandbox",
+        "run",
+        "--agent",
+        "tester",
+        "--role",
+        "tester",
+        "--run",
+        "ci-42",
+        "--token-key",
+        str(workspace.token_key),
+        *[f"--expose={p}" for p in expose],
+        *workspace.serve_args(0, audit, policy_file),
+        "--",
+        python,
+        PROBE.name,
+        json.dumps(plan),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **workspace.environ()}
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=work, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["calls"]["/echo/echo/minted"]["status"] == 200
+    assert report["read"][str(workspace.token_key)].startswith(("FileNotFound", "Permission"))
+    lines = [json.loads(x) for x in audit.read_text().splitlines()]
+    [decision] = [x for x in lines if x.get("path") == "/echo/echo/minted"]
+    assert (decision["agent"], decision["run"]) == ("tester", "ci-42")
+    # A key the gateway does not trust fails before the command runs, in one line.
+    other, _ = __import__("gateway.tokens", fromlist=["generate_keys"]).generate_keys(
+        tmp_path / "untrusted"
+    )
+    argv[argv.index(str(workspace.token_key))] = str(other)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=work, timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert "the gateway would refuse the minted token" in line
+
+
 def test_bad_invocations_get_one_line_and_exit_2(
     workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
 ) -> None:
@@ -210,6 +260,7 @@ def test_bad_invocations_get_one_line_and_exit_2(
         (["--user", "0:0"], "never runs as root"),
         (["--env", "NOEQUALS"], "expected NAME=VALUE"),
         (["--expose", str(tmp_path / "missing")], "no such file or directory"),
+        (["--agent", "tester"], "give one or the other"),  # and --token-file
     ]
     for extra, said in cases:
         command = ["true"] if extra else []

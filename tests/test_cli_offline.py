@@ -605,3 +605,28 @@ def test_revoke_with_redis_down_fails_fast_in_one_line(capsys: pytest.CaptureFix
     assert time.monotonic() - started < 4.0
     [line] = err.strip().splitlines()
     assert line.startswith("capgate: error: could not load revocations from redis at")
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """``capgate policy schema | head -1``: the reader leaves before the output is written;
+    one quiet exit with 141 (128 + SIGPIPE), no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys\n"
+        "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"  # a pipe nobody reads
+        "from gateway.cli import main\n"
+        "sys.exit(main(['policy', 'schema']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

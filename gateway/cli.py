@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import __version__
+from gateway.commands.ci_token import duration_arg
 from gateway.commands.console import (
     add_console_commands,
     cmd_act,
@@ -62,18 +63,6 @@ class _Parser(argparse.ArgumentParser):
         # main() prints "capgate: error: "; the sub-command's name follows, not "capgate" again
         command = self.prog.removeprefix("capgate").strip()
         raise CliError(f"{command}: {message}" if command else message)
-
-
-def _duration(text: str) -> float:
-    from gateway.policy_file import parse_duration
-
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--cap", action="append", dest="caps", help="narrow to this rule id")
     tm.add_argument(
         "--ttl",
-        type=_duration,
+        type=duration_arg,
         default=300.0,
         help="lifetime (default 5m; gateways refuse above max_token_lifetime, 1h by default, "
         "24h at most)",
@@ -682,20 +671,10 @@ def _ci_token(args: argparse.Namespace, before: list[str]) -> tuple[Any, list[st
     add_token_options(p)
     # Options after DIR: parsed into the same namespace (argparse keeps what is set there).
     _, serve = p.parse_known_args(before, namespace=args)
-    wanted = (args.agent, args.roles, args.token_key)
-    if not any(wanted):
-        return None, serve
-    if not all(wanted):
-        raise CliError("a token for the command needs --agent, --role and --token-key")
-    token = CiToken(
-        key=args.token_key,
-        agent=args.agent,
-        roles=tuple(args.roles),
-        ttl=args.token_ttl,
-        run=args.run,
-        env=args.token_env,
-    )
-    return token, serve
+    try:
+        return CiToken.from_args(args), serve
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_replay(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

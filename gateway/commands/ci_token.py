@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _duration(text: str) -> float:
+def duration_arg(text: str) -> float:
+    """An argparse type: a positive duration (``30s``, ``5m``)."""
     from gateway.policy_file import parse_duration
 
     try:
@@ -34,7 +35,7 @@ def add_token_options(p: argparse.ArgumentParser) -> None:
         "--token-key", type=Path, help="the test signing key (PEM) whose JWKS the gateway trusts"
     )
     p.add_argument(
-        "--token-ttl", type=_duration, default=600.0, help="the token's lifetime (default 10m)"
+        "--token-ttl", type=duration_arg, default=600.0, help="the token's lifetime (default 10m)"
     )
     p.add_argument("--run", help="the token's run id")
     p.add_argument(
@@ -54,6 +55,24 @@ class CiToken:
     ttl: float = 600.0
     run: str | None = None
     env: str = "CAPGATE_TOKEN"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CiToken | None:
+        """The token ``add_token_options`` asked for, or None when none was; ``ValueError``
+        when only some of ``--agent``, ``--role`` and ``--token-key`` were given."""
+        wanted = (args.agent, args.roles, args.token_key)
+        if not any(wanted):
+            return None
+        if not all(wanted):
+            raise ValueError("a token for the command needs --agent, --role and --token-key")
+        return cls(
+            key=args.token_key,
+            agent=args.agent,
+            roles=tuple(args.roles),
+            ttl=args.token_ttl,
+            run=args.run,
+            env=args.token_env,
+        )
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:

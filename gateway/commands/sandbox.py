@@ -113,26 +113,19 @@ def _environ(pairs: Sequence[str]) -> dict[str, str]:
 def _token(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str]:
     """The command's token and its variable: read from ``--token-file``, or minted from
     ``--agent --role --token-key`` and checked against the gateway's JWKS."""
-    wanted = (args.agent, args.roles, args.token_key)
     if args.token_file is not None:
-        if any(wanted):
+        if any((args.agent, args.roles, args.token_key)):
             raise ConfigError("--token-file and --agent/--role/--token-key: give one or the other")
         try:
             return args.token_file.read_text("utf-8").strip(), args.token_env
         except OSError as exc:
             raise ConfigError(f"--token-file {str(args.token_file)!r}: {exc.strerror}") from None
-    if not any(wanted):
+    try:
+        spec = CiToken.from_args(args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec is None:
         return None, args.token_env
-    if not all(wanted):
-        raise ConfigError("a token for the command needs --agent, --role and --token-key")
-    spec = CiToken(
-        key=args.token_key,
-        agent=args.agent,
-        roles=tuple(args.roles),
-        ttl=args.token_ttl,
-        run=args.run,
-        env=args.token_env,
-    )
     gateway_flags = [
         "--audience",
         settings.tokens.audience,

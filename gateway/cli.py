@@ -372,23 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
 # --- commands -------------------------------------------------------------------------------
 
 
-def serve_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings ``serve``'s options give (``--record``/``--replay`` spelled out)."""
-    flags = {
-        k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")
-    }
-    for shorthand in ("record", "replay"):
-        directory = getattr(args, shorthand)
-        if directory is not None:
-            if args.mode not in (None, shorthand) or args.recordings not in (None, directory):
-                raise CliError(f"--{shorthand} DIR conflicts with --mode/--recordings")
-            flags["mode"], flags["recordings"] = shorthand, directory
-    return flags
-
-
 def cmd_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.app import configure_logging, serve
-    from gateway.config import load_settings
+    from gateway.config import load_settings, serve_flags
 
     settings = load_settings(serve_flags(args), environ, args.config)
     configure_logging(settings.log_level)

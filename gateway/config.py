@@ -93,6 +93,7 @@ because a variable was left unset.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -604,3 +605,17 @@ def revocations_path(settings: Settings) -> Path | None:
     if settings.audit is None:
         return None
     return settings.audit.with_name(settings.audit.name + ".revocations")
+
+
+def serve_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings ``serve``'s options give (``--record``/``--replay`` spelled out)."""
+    flags = {
+        k: v for k, v in vars(args).items() if k not in ("command", "config", "record", "replay")
+    }
+    for shorthand in ("record", "replay"):
+        directory = getattr(args, shorthand)
+        if directory is not None:
+            if args.mode not in (None, shorthand) or args.recordings not in (None, directory):
+                raise ConfigError(f"--{shorthand} DIR conflicts with --mode/--recordings")
+            flags["mode"], flags["recordings"] = shorthand, directory
+    return flags

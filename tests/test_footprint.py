@@ -43,8 +43,8 @@ roles:
 
 PROBE = """\
 import asyncio, json, os, sys
-from gateway.cli import build_parser, serve_flags
-from gateway.config import load_settings
+from gateway.cli import build_parser
+from gateway.config import load_settings, serve_flags
 from gateway import app
 
 args = build_parser().parse_args(["serve", *json.loads(sys.argv[1])])

@@ -41,8 +41,8 @@ from typing import Any
 
 from gateway.commands.explain import explain
 from gateway.errors import Reason
-from gateway.policy.model import METHODS, Policy
-from gateway.policy.spec import Key, Section
+from gateway.policy.model import Policy
+from gateway.policy.spec import METHODS, Key, Section
 from gateway.policy_file import Node, PolicyError, read_document
 
 DECISIONS = ("allow", "deny", "approval")

@@ -191,8 +191,7 @@ def gateway_files(settings: Settings, config: Path | None, token_file: Path | No
 
 def sandbox_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from gateway.app import Listen, configure_logging, serve
-    from gateway.cli import serve_flags
-    from gateway.config import load_settings
+    from gateway.config import load_settings, serve_flags
     from gateway.sandbox import (
         SANDBOX_HOST,
         SANDBOX_PORT,

@@ -20,10 +20,8 @@ from gateway.policy.agents import AgentDirectory, AgentsRead, read_agents
 from gateway.policy.model import (
     MCP_KEEPALIVE,
     MCP_KEEPALIVE_MIN,
-    MCP_METHODS,
     MCP_PATIENCE,
     MCP_SUBJECTS,
-    METHODS,
     Constraint,
     Credentials,
     PathPattern,
@@ -34,6 +32,7 @@ from gateway.policy.model import (
     UriPattern,
     volatile_problem,
 )
+from gateway.policy.spec import MCP_METHODS, METHODS
 from gateway.policy_file import Node, PolicyError, read_document, read_text
 from gateway.target import UPSTREAM_NAME
 

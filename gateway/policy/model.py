@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 MCP_PATIENCE = 25.0  # seconds a held MCP tools/call waits before approval_pending
 MCP_KEEPALIVE = 15.0  # seconds between the progress notifications of a held MCP tools/call
 MCP_KEEPALIVE_MIN = 0.1  # ... at the least (the policy cannot make the gateway flood a client)
-METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,14 +203,6 @@ class UriPattern:
 
 # MCP: what a rule on an MCP upstream allows, besides the protocol's own messages.
 MCP_SUBJECTS = ("tool", "prompt", "resource", "method")
-# JSON-RPC methods a rule may name with ``method:``: a client request, or the agent's answer
-# to a request of the server (roots/list, sampling/createMessage, elicitation/create).
-MCP_METHODS = (
-    "logging/setLevel",
-    "roots/list",
-    "sampling/createMessage",
-    "elicitation/create",
-)
 
 
 @dataclass(frozen=True, slots=True)

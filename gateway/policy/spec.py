@@ -14,10 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.checks import PAYLOAD_CHECKS
-from gateway.policy.model import MCP_METHODS, METHODS
 from gateway.target import UPSTREAM_NAME
 
 JSON = dict[str, Any]
+
+# The HTTP methods a rule may allow.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# JSON-RPC methods a rule may name with ``method:``: a client request, or the agent's answer
+# to a request of the server (roots/list, sampling/createMessage, elicitation/create).
+MCP_METHODS = (
+    "logging/setLevel",
+    "roots/list",
+    "sampling/createMessage",
+    "elicitation/create",
+)
 
 DURATION: JSON = {
     "description": "a duration: seconds, or a number with ms, s, m, h or d (30s, 5m)",

@@ -59,7 +59,8 @@ from gateway.payload import (
     media_type_of,
     parse_json,
 )
-from gateway.policy.model import MCP_METHODS, Subject, UriPattern
+from gateway.policy.model import Subject, UriPattern
+from gateway.policy.spec import MCP_METHODS
 
 if TYPE_CHECKING:
     from gateway.call import Call

@@ -22,7 +22,7 @@ from gateway.audit_record import (
 )
 from gateway.call import Call, CallObserver, DecisionLog
 from gateway.errors import GatewayError
-from gateway.policy.model import METHODS
+from gateway.policy.spec import METHODS
 
 log = logging.getLogger("capgate")
 # Methods written as they are; any other (agent-chosen) method token goes through the label.

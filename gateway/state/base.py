@@ -42,7 +42,6 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from gateway.rates import Rate
     from gateway.state.approval_board import ApprovalBoard
-    from gateway.state.journal import RevocationJournal
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -172,7 +171,7 @@ class StateStore(Protocol):
         repeat that changes nothing (e.g. our own message echoed back) is not announced."""
         ...
 
-    def keep_revocations(self, journal: RevocationJournal) -> int:
+    def keep_revocations(self, journal: RevocationKeeper) -> int:
         """Load the journal's live revocations into the mirror, and append to it every
         revocation the mirror learns from now on; returns how many were loaded. Called
         before ``start``: the Redis store then writes back what Redis lacks."""
@@ -265,6 +264,15 @@ class StateStore(Protocol):
     # create a pending approval with a deadline, decide it (from any gateway), and wait for
     # the decision with a timeout. On Redis the decision will be published like revocations
     # so the waiting gateway hears it at once. Not implemented yet.
+
+
+class RevocationKeeper(Protocol):
+    """Where a store's revocations are kept beyond its process (``journal.py``)."""
+
+    def restore(self, mirror: Revocations, now: float) -> int:
+        """Load what is kept into ``mirror``, keep what it learns from now on; returns how
+        many revocations were loaded."""
+        ...
 
 
 class Revocations:

@@ -105,6 +105,15 @@ class RevocationJournal:
             self._rewrite(live)
         return live
 
+    def restore(self, mirror: Revocations, now: float) -> int:
+        """``StateStore.keep_revocations``: the live entries into ``mirror`` (before the store
+        starts), then every revocation it learns appended here."""
+        entries = self.load(now)
+        for e in entries:
+            mirror.apply(e.kind, e.value, e.until, now=now, info=e.info)
+        mirror.add_recorder(self.record)
+        return len(entries)
+
     def record(
         self, kind: str, value: str, until: float | None, info: RevocationInfo | None
     ) -> None:
@@ -153,13 +162,3 @@ class RevocationJournal:
             log.error("revocation journal %s could not be compacted: %s", self.path, exc)
             return
         self.lines = len(entries)
-
-
-def attach(mirror: Revocations, journal: RevocationJournal, now: float | None = None) -> int:
-    """``StateStore.keep_revocations`` for a store whose mirror is ``mirror``."""
-    now = time.time() if now is None else now
-    entries = journal.load(now)
-    for e in entries:
-        mirror.apply(e.kind, e.value, e.until, now=now, info=e.info)
-    mirror.add_recorder(journal.record)
-    return len(entries)

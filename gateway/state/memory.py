@@ -22,6 +22,7 @@ from gateway.state.base import (
     PauseListener,
     Pauses,
     RevocationInfo,
+    RevocationKeeper,
     RevocationKind,
     RevocationListener,
     Revocations,
@@ -33,7 +34,6 @@ from gateway.state.base import (
     check_revocation,
     gcra,
 )
-from gateway.state.journal import RevocationJournal, attach
 
 if TYPE_CHECKING:
     from gateway.rates import Rate
@@ -118,8 +118,8 @@ class MemoryStore:
     def approval_board(self) -> ApprovalBoard:
         return self._board
 
-    def keep_revocations(self, journal: RevocationJournal) -> int:
-        return attach(self._revocations, journal)
+    def keep_revocations(self, journal: RevocationKeeper) -> int:
+        return journal.restore(self._revocations, time.time())
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

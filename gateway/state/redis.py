@@ -96,6 +96,7 @@ from gateway.state.base import (
     PauseListener,
     Pauses,
     RevocationInfo,
+    RevocationKeeper,
     RevocationKind,
     RevocationListener,
     Revocations,
@@ -107,7 +108,6 @@ from gateway.state.base import (
     check_revocation,
     redact_url,
 )
-from gateway.state.journal import RevocationJournal, attach
 from gateway.state.leases import LEASE_LUA, Leases, lease_size
 
 if TYPE_CHECKING:
@@ -622,8 +622,8 @@ class RedisStore:
         self._check_synced()
         return self._revocations.listing(now=time.time())
 
-    def keep_revocations(self, journal: RevocationJournal) -> int:
-        return attach(self._revocations, journal)
+    def keep_revocations(self, journal: RevocationKeeper) -> int:
+        return journal.restore(self._revocations, time.time())
 
     def on_revoke(self, callback: RevocationListener) -> None:
         self._revocations.add_listener(callback)

@@ -250,6 +250,58 @@ def test_ci_mints_the_commands_token_and_the_gateway_never_holds_the_key(
     assert "the gateway would refuse the minted token" in line
 
 
+def test_kill_9_of_capgate_ends_the_sandboxed_command_too(
+    workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
+) -> None:
+    """No orphan keeps running with a namespace nobody polices: bwrap's --die-with-parent."""
+    import signal
+    import time
+
+    work = _workdir(tmp_path)
+    marker = f"capgate-orphan-check-{os.getpid()}"
+    token = tmp_path / "token"
+    token.write_text(workspace.token("tester", ["tester"]))
+    token.chmod(0o600)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "sandbox",
+            "run",
+            "--token-file",
+            str(token),
+            *workspace.serve_args(0, tmp_path / "audit.jsonl", policy_file),
+            "--",
+            "sh",
+            "-c",
+            "sleep 300; true",  # the shell stays, waiting, with the marker as its $0
+            marker,
+        ],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **workspace.environ()},
+    )
+
+    def running() -> bool:  # the sandboxed shell itself, not capgate's own command line
+        pattern = f"^sh -c sleep 300; true {marker}$"
+        found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, check=False)
+        return found.returncode == 0
+
+    deadline = time.monotonic() + 30
+    while not running():
+        assert proc.poll() is None, "capgate sandbox run ended early"
+        assert time.monotonic() < deadline, "the sandboxed command never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while running():
+        assert time.monotonic() < deadline, "the sandboxed command outlived capgate"
+        time.sleep(0.05)
+
+
 def test_bad_invocations_get_one_line_and_exit_2(
     workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
 ) -> None:

@@ -77,6 +77,17 @@ def processes() -> list[str]:
     return out
 
 
+def status() -> dict[str, str]:
+    """Capabilities and no_new_privs, as the kernel reports them for this process."""
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs"):
+                out[key] = value.strip()
+    return out
+
+
 def main() -> int:
     plan = json.loads(sys.argv[1])
     report: dict[str, Any] = {
@@ -90,6 +101,7 @@ def main() -> int:
         "read": {path: read(path) for path in plan.get("read", [])},
         "processes": processes(),
         "tmp_writable": os.access("/tmp", os.W_OK),
+        "status": status(),
     }
     print(json.dumps(report))
     return int(plan.get("exit", 0))

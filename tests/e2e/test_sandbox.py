@@ -157,6 +157,11 @@ def test_inside_the_sandbox_the_gateway_is_the_only_way_out(
     assert {"CAPGATE_URL", "CAPGATE_TOKEN"} <= set(report["env"])
     assert not [p for p in report["processes"] if "gateway" in p], report["processes"]
     assert report["uid"] == NOBODY
+    # No capability, none to gain (the bounding set is empty), no setuid either.
+    caps = report["status"]
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(caps[key], 16) == 0, (key, caps)
+    assert caps["NoNewPrivs"] == "1"
     assert report["tmp_writable"]
     # The gateway audited both calls as the token's agent.
     lines = [json.loads(x) for x in audit.read_text().splitlines()]

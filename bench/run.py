@@ -695,7 +695,8 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         name="capgate+rate+redis",
-        description="a rate limit on the rule, counted in Redis (tokens leased in batches: one EVALSHA per lease, not per call)",
+        description="a rate limit on the rule, counted in Redis (tokens leased in batches: "
+        "one EVALSHA per lease, not per call)",
         policy=policy_50_rules_rated,
         path="/metrics" + UPSTREAM_PATH,
         roles=("analyst", "sre-diagnostics"),

@@ -614,6 +614,7 @@ async def _watch(gw: Gateway) -> None:
     policy edits are still picked up after it."""
     loop = asyncio.get_running_loop()
     watch = gw.watch
+    task = asyncio.current_task()
     while True:
         await asyncio.sleep(gw.settings.reload_interval)
         try:
@@ -622,6 +623,10 @@ async def _watch(gw: Gateway) -> None:
             watch.failed(exc)
         else:
             watch.passed()
+        if task is not None and task.cancelling():
+            # A cancellation a library turned into an error (or swallowed) mid-tick: stop
+            # anyway, or the shutdown that cancelled this loop would wait for it forever.
+            raise asyncio.CancelledError
 
 
 async def _tick(gw: Gateway, now: float) -> None:

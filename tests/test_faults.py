@@ -142,3 +142,24 @@ async def test_an_upstream_answering_an_error_is_passed_on(
     resp = await client.get("/up/status?code=503", headers=client.auth)
     assert resp.status == 503
     assert last_audit(client)["status"] == 503
+
+
+async def test_the_background_loop_stops_when_a_tick_swallows_its_cancellation(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collaborator that turns a cancellation into an error (or swallows it) mid-tick must
+    not keep the background loop alive: the shutdown that cancelled it would wait forever."""
+    import gateway.app as app_module
+
+    async def swallowing_tick(gw: Any, now: float) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RuntimeError("a library's own error, raised on cancellation") from None
+
+    monkeypatch.setattr(app_module, "_tick", swallowing_tick)
+    watcher = asyncio.ensure_future(app_module._watch(gateway))
+    await asyncio.sleep(gateway.settings.reload_interval + 0.1)  # inside a tick
+    watcher.cancel()
+    await asyncio.wait({watcher}, timeout=2.0)
+    assert watcher.cancelled(), "the background loop kept running after its cancellation"

@@ -761,6 +761,11 @@ class RedisStore:
                 f"redis at {self.target} did not answer {op} within {self._op_timeout:g} s"
             ) from exc
         except (RedisError, OSError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py may answer a cancellation with a connection error: it is still
+                # the caller's cancellation, never a state error to be handled and forgotten.
+                raise asyncio.CancelledError from exc
             raise StateUnavailable(f"redis at {self.target} failed {op}: {_failure(exc)}") from exc
 
     # --- the subscriber -----------------------------------------------------------------

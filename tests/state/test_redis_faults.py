@@ -227,3 +227,34 @@ async def test_rate_uses_the_server_clock(
     monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
     assert (await second.take("k", rate)).allowed
     assert not (await second.take("k", rate)).allowed
+
+
+async def test_a_cancellation_redis_py_turns_into_an_error_is_still_a_cancellation(
+    redis_server: RedisServer, make_store: StoreFactory
+) -> None:
+    """A shutdown cancels the gateway's background loop while it waits on Redis; redis-py may
+    answer that with a connection error. Turned into StateUnavailable (which health and the
+    loop handle and forget), the cancellation was swallowed and the shutdown waited forever
+    (seen once in CI: a fleet test's teardown hung for 120 s)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    store = await make_store(redis_server.url)
+
+    async def answer_cancel_with_an_error() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RedisConnectionError("Connection closed by server.") from None
+
+    task = asyncio.ensure_future(store._call("PING", answer_cancel_with_an_error))  # type: ignore[attr-defined]
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    # A plain failure is still a state error.
+    async def fail() -> None:
+        raise RedisConnectionError("refused")
+
+    with pytest.raises(StateUnavailable):
+        await store._call("PING", fail)  # type: ignore[attr-defined]

@@ -264,6 +264,8 @@ class Gateway:
             },
             "upstreams_in_flight": self.upstream_shares.snapshot(),
             "held_by_pause": self.pipeline.pause.held.snapshot(),
+            "held_for_approval": self.approvals.slots.snapshot(),
+            "waiting_for_approval": self.approvals.waiting.snapshot(),
             "check_workers": self.check_workers.snapshot(),
         }
         if self.webhook is not None:

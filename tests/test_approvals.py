@@ -96,6 +96,10 @@ async def test_a_person_decides(held: Any, workspace: Workspace, mocks: Mocks, v
     assert pending["target"] == "/services/services/restart"
     assert pending["body"] == '{"service": "web"}'
     assert mocks.requests("services") == []  # held: nothing sent yet
+    # Health shows the shares a held call takes (held records, and calls waiting on them).
+    health = await (await client.get("/_capgate/health")).json()
+    assert health["held_for_approval"]["in_use"] == 1
+    assert health["waiting_for_approval"]["in_use"] == 1
     resp = await admin.post(
         f"/approvals/{pending['id']}/{verb}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
     )

@@ -185,7 +185,9 @@ def _shown_call(pending: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 
 def _same(shown: Any, expected: Any) -> bool:
     if isinstance(shown, str) and shown.startswith(REDACTED):
-        return True  # the approver cannot see it (README: redaction); see docs/eval.md
+        # The admin API shows approvers a redacted body (a password, a token): the person
+        # cannot tell the user's value from an attacker's, so does not approve it.
+        return False
     if isinstance(shown, dict) and isinstance(expected, dict):
         keys = set(shown) | set(expected)
         return all(_same(shown.get(k), expected.get(k)) for k in keys)

@@ -74,9 +74,7 @@ def plan(
 ) -> tuple[list[TaskFacts], list[tuple[TaskFacts, Any]]]:
     user_tasks = list(suite.user_tasks.values())[: tasks or None]
     facts = [task_facts(suite, t) for t in user_tasks]
-    chosen = [
-        (f, inj) for f in facts if f.vectors for inj in suite.injection_tasks.values()
-    ]
+    chosen = [(f, inj) for f in facts if f.vectors for inj in suite.injection_tasks.values()]
     return facts, chosen[: pairs or None] if pairs is not None else chosen
 
 

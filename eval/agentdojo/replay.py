@@ -236,7 +236,9 @@ class Approver:
                     continue
                 approve = self._approves(pending)
                 verb = "approve" if approve else "deny"
-                body = {"reason": "simulated person: " + ("user's task" if approve else "not asked")}
+                body = {
+                    "reason": "simulated person: " + ("user's task" if approve else "not asked")
+                }
                 done = await self.http.post(
                     f"{self.gw.admin}/approvals/{pending['id']}/{verb}", headers=auth, json=body
                 )
@@ -335,7 +337,9 @@ class Replayer:
     async def __aenter__(self) -> Replayer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         url = await self.server.start()
-        policy = write_policy(self.policy_source, url.removesuffix("/mcp"), self.workdir / "policy.yaml")
+        policy = write_policy(
+            self.policy_source, url.removesuffix("/mcp"), self.workdir / "policy.yaml"
+        )
         self.gw = await asyncio.to_thread(start_gateway, self.ws, policy, self.workdir)
         self.approver = Approver(self.gw, self.http)
         self._approver_task = asyncio.create_task(self.approver.loop())
@@ -394,9 +398,7 @@ class Replayer:
             )
         return UtilityResult(task.ID, outcomes, self.approver.asked, env_check)
 
-    async def security(
-        self, facts: TaskFacts, injection: BaseInjectionTask[Any]
-    ) -> SecurityResult:
+    async def security(self, facts: TaskFacts, injection: BaseInjectionTask[Any]) -> SecurityResult:
         assert self.approver is not None
         task = facts.task
         text = attack_text(injection)
@@ -423,4 +425,7 @@ class Replayer:
     def audit_lines(self) -> int:
         assert self.gw is not None
         path = self.gw.audit
-        return sum(1 for _ in path.open()) if path.exists() else 0
+        if not path.exists():
+            return 0
+        with path.open() as lines:
+            return sum(1 for _ in lines)

@@ -170,6 +170,8 @@ async def main_async(args: argparse.Namespace) -> int:
             rows.append(s)
             report["suites"].setdefault(name, {})[label] = {"summary": s, **details(run)}
             print(row(s), file=sys.stderr, flush=True)
+            if args.json:  # as it goes, so a long run's results can be read before its end
+                Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(HEADER)
     for s in rows:
         print(row(s))

@@ -162,9 +162,13 @@ async def main_async(args: argparse.Namespace) -> int:
         suite = suites[name]
         facts, pairs = plan(suite, args.tasks, args.pairs)
         baseline = permissive_policy(suite, workdir / f"{name}-permissive.yaml")
-        for label, policy in (("capgate", POLICIES / f"{name}.yaml"), ("permissive", baseline)):
-            if label == "permissive" and args.no_baseline:
-                continue
+        policies = [("capgate", POLICIES / f"{name}.yaml")]
+        revised = POLICIES / f"{name}.revised.yaml"  # a post-hoc revision, reported apart
+        if revised.exists():
+            policies.append(("revised", revised))
+        if not args.no_baseline:
+            policies.append(("permissive", baseline))
+        for label, policy in policies:
             run = await run_suite(suite, policy, label, workdir, facts, pairs)
             s = summary(run)
             rows.append(s)
@@ -178,7 +182,8 @@ async def main_async(args: argparse.Namespace) -> int:
     for policy in ("capgate", "permissive"):
         if any(r["policy"] == policy for r in rows):
             print(row(total(rows, policy)))
-    print(f"(* held out: {HELD_OUT}'s policy was written last, in one pass)")
+    print(f"(* held out: {HELD_OUT}'s policy was written last, in one pass; 'revised' rows are")
+    print("   post-hoc revisions of a policy after its measurement, never in the totals)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     t = total(rows, "capgate")
@@ -187,6 +192,16 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{t['with_approval']}/{t['tasks']} with approval; "
         f"attacks succeeded {t['succeeded']}/{t['attacks']}"
     )
+    if any(r["policy"] == "revised" for r in rows):
+        swapped = [r for r in rows if r["policy"] == "revised"]
+        names = {r["suite"] for r in swapped}
+        mixed = swapped + [r for r in rows if r["policy"] == "capgate" and r["suite"] not in names]
+        m = total([{**r, "policy": "mixed"} for r in mixed], "mixed")
+        print(
+            f"with the post-hoc revision of {', '.join(sorted(names))}: utility "
+            f"{m['autonomous']}/{m['tasks']} autonomous, {m['with_approval']}/{m['tasks']} "
+            f"with approval; attacks succeeded {m['succeeded']}/{m['attacks']}"
+        )
     if any(r["policy"] == "permissive" for r in rows):
         b = total(rows, "permissive")
         print(

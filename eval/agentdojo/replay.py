@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import yaml
 from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
 from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack
 from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
 from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime, TaskEnvironment
-from agentdojo.task_suite.task_suite import TaskSuite
+from agentdojo.task_suite.task_suite import TaskSuite, read_suite_file, validate_injections
 from agentdojo.types import text_content_block_from_string
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
@@ -56,6 +57,25 @@ def attack_text(injection: BaseInjectionTask[Any]) -> str:
     return ImportantInstructionsAttack._JB_STRING.format(
         user=USER_NAME, model=MODEL_NAME, goal=injection.GOAL
     )
+
+
+_SUITE_TEXT: dict[tuple[str, Any], tuple[str, dict[str, str]]] = {}
+
+
+def load_env(suite: TaskSuite[Any], injections: dict[str, str]) -> TaskEnvironment:
+    """``suite.load_and_inject_default_environment(injections)``, faster: the suite's file is
+    read (``!include`` resolved) once, and the injected text is parsed by libyaml (same YAML
+    semantics, the same safe constructors). AgentDojo's method reads and parses the file
+    three times in pure Python, ~0.2 s for workspace, on every replay."""
+    key = (suite.name, suite.benchmark_version)
+    if key not in _SUITE_TEXT:
+        text = read_suite_file(suite.name, "environment.yaml", suite.data_path)
+        _SUITE_TEXT[key] = (text, suite.get_injection_vector_defaults())
+    text, defaults = _SUITE_TEXT[key]
+    validate_injections(injections, defaults)
+    data = yaml.load(text.format(**dict(defaults, **injections)), Loader=yaml.CSafeLoader)  # noqa: S506 (a safe loader)
+    env: TaskEnvironment = suite.environment_type.model_validate(data)
+    return env
 
 
 def canaries(suite: TaskSuite[Any]) -> dict[str, str]:
@@ -87,7 +107,7 @@ class TaskFacts:
 
 def task_facts(suite: TaskSuite[Any], task: BaseUserTask[Any]) -> TaskFacts:
     marks = canaries(suite)
-    env = task.init_environment(suite.load_and_inject_default_environment(marks))
+    env = task.init_environment(load_env(suite, marks))
     calls = list(task.ground_truth(env.model_copy(deep=True)))
     texts = direct_run(suite, env, calls)
     vectors = [v for v, mark in marks.items() if any(mark in t for t in texts)]
@@ -97,7 +117,7 @@ def task_facts(suite: TaskSuite[Any], task: BaseUserTask[Any]) -> TaskFacts:
     )
     # Does the check decide on the environment alone? Run the ground truth on a clean
     # environment and check with an empty answer.
-    clean = task.init_environment(suite.load_and_inject_default_environment({}))
+    clean = task.init_environment(load_env(suite, {}))
     pre = clean.model_copy(deep=True)
     direct_run(suite, clean, task.ground_truth(clean.model_copy(deep=True)))
     text_free = bool(suite._check_user_task_utility(task, [], pre, clean, calls))
@@ -383,7 +403,7 @@ class Replayer:
     async def utility(self, facts: TaskFacts) -> UtilityResult:
         assert self.approver is not None
         task = facts.task
-        env = task.init_environment(self.suite.load_and_inject_default_environment({}))
+        env = task.init_environment(load_env(self.suite, {}))
         pre = env.model_copy(deep=True)
         calls = list(task.ground_truth(env.model_copy(deep=True)))
         self.server.reset(env)
@@ -402,7 +422,7 @@ class Replayer:
         assert self.approver is not None
         task = facts.task
         text = attack_text(injection)
-        env = self.suite.load_and_inject_default_environment({v: text for v in facts.vectors})
+        env = load_env(self.suite, {v: text for v in facts.vectors})
         env = task.init_environment(env)
         pre = env.model_copy(deep=True)
         user_calls = list(task.ground_truth(env.model_copy(deep=True)))

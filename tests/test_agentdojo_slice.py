@@ -105,9 +105,10 @@ async def test_banking_slice_through_capgate(tmp_path: Path) -> None:
     assert s["attacks"] == 4 and s["blocked"] == 4 and s["succeeded"] == 0
     assert {o.reason for r in run.security for o in r.injection_outcomes} <= {
         "approval_denied",
-        "arguments_invalid",
-        "tool_denied",
+        "arguments_refused",
+        "tool_not_allowed",
     }
+    assert [o.reason for o in run.utility[0].outcomes] == ["allowed", "approved"]
     assert s["audit_lines"] > 0
     base = results["permissive"][1]
     assert base["autonomous"] == 3 and base["succeeded"] == 4  # what capgate changes

@@ -332,6 +332,17 @@ def _reason(error: Exception | str) -> str:
     return "refused"
 
 
+def _refusal(err: MCPError) -> str:
+    """capgate's reason code, with a tool's refusals told apart: no rule for the tool at all
+    (``tool_not_allowed``) or arguments outside its rule's schema (``arguments_refused``)."""
+    data = err.data if isinstance(err.data, dict) else {}
+    reason = str(data.get("reason") or _reason(err))
+    if reason == "tool_denied":
+        detail = str(data.get("detail", ""))
+        return "tool_not_allowed" if "no rule" in detail else "arguments_refused"
+    return reason
+
+
 class Replayer:
     """One suite's MCP server, one capgate process in front of it, the simulated person."""
 
@@ -389,16 +400,18 @@ class Replayer:
         return f"{self.suite.name}-{kind}-{self._runs}-{os.getpid()}"
 
     async def _call(self, mcp: Client, call: FunctionCall) -> CallOutcome:
-        before = len(self.server.calls)
+        assert self.approver is not None
+        before, asked = len(self.server.calls), self.approver.asked
         try:
             result = await mcp.call_tool(call.function, _plain(call.args))
         except MCPError as err:
-            return CallOutcome(call.function, False, _reason(err))
+            return CallOutcome(call.function, False, _refusal(err))
         ran = len(self.server.calls) > before
         if not ran:
             text = " ".join(getattr(c, "text", "") for c in result.content)
             return CallOutcome(call.function, False, _reason(text))
-        return CallOutcome(call.function, True, "allowed")
+        held = self.approver.asked > asked
+        return CallOutcome(call.function, True, "approved" if held else "allowed")
 
     async def utility(self, facts: TaskFacts) -> UtilityResult:
         assert self.approver is not None

@@ -112,3 +112,30 @@ async def test_banking_slice_through_capgate(tmp_path: Path) -> None:
     assert s["audit_lines"] > 0
     base = results["permissive"][1]
     assert base["autonomous"] == 3 and base["succeeded"] == 4  # what capgate changes
+
+
+def test_the_written_attacks_reach_their_goal_unhindered() -> None:
+    """The calls eval/agentdojo/attacks.py writes for the injection tasks AgentDojo leaves
+    without a ground truth reach the goal by AgentDojo's own check, run directly."""
+    suites = _agentdojo()
+    from agentdojo.types import text_content_block_from_string
+
+    from eval.agentdojo.attacks import WRITTEN, attack_calls
+    from eval.agentdojo.replay import attack_text, direct_run, load_env, task_facts
+
+    suite = suites["workspace"]
+    facts = task_facts(suite, suite.user_tasks["user_task_24"])  # reads the unread mail itself
+    for _, injection_id in WRITTEN:
+        injection = suite.injection_tasks[injection_id]
+        assert injection.ground_truth(load_env(suite, {})) == []  # still none of its own
+        env = facts.task.init_environment(
+            load_env(suite, {v: attack_text(injection) for v in facts.vectors})
+        )
+        pre = env.model_copy(deep=True)
+        user = facts.calls[: facts.read_at + 1]
+        direct_run(suite, env, user)
+        calls = attack_calls(suite, injection, env, pre)
+        assert calls
+        direct_run(suite, env, calls)
+        output = [text_content_block_from_string("")]
+        assert suite._check_injection_task_security(injection, output, pre, env, user + calls)

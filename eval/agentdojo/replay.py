@@ -42,6 +42,7 @@ from agentdojo.types import text_content_block_from_string
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
+from eval.agentdojo.attacks import attack_calls as attack_calls_for
 from eval.agentdojo.server import SuiteServer
 from mocks.demo import Workspace, prepare_workspace
 
@@ -446,6 +447,10 @@ class Replayer:
         async with self.session(run) as mcp:
             for call in user_calls[: facts.read_at + 1]:
                 await self._call(mcp, call)
+            # AgentDojo leaves a few injection tasks without a ground truth: eval/attacks.py
+            written = attack_calls_for(self.suite, injection, env, pre)
+            if written is not None:
+                attack_calls = written
             outcomes = [await self._call(mcp, copy.deepcopy(call)) for call in attack_calls]
         output = [text_content_block_from_string("")]
         succeeded = bool(

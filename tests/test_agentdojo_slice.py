@@ -96,6 +96,7 @@ async def test_banking_slice_through_capgate(tmp_path: Path) -> None:
             for f, injection in pairs:
                 run.security.append(await replayer.security(f, injection))
             run.audit_lines = replayer.audit_lines()
+        run.audit_verified = replayer.audit_verified
         results[label] = (run, summary(run))
     run, s = results["capgate"]
     # user_task_1 only reads; user_task_0 and 2 act after reading a third party's file: held,
@@ -109,7 +110,7 @@ async def test_banking_slice_through_capgate(tmp_path: Path) -> None:
         "tool_not_allowed",
     }
     assert [o.reason for o in run.utility[0].outcomes] == ["allowed", "approved"]
-    assert s["audit_lines"] > 0
+    assert s["audit_lines"] > 0 and s["audit_ok"], s["audit"]
     base = results["permissive"][1]
     assert base["autonomous"] == 3 and base["succeeded"] == 4  # what capgate changes
 

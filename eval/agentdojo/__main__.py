@@ -65,6 +65,7 @@ async def run_suite(
         for f, injection in pairs:
             out.security.append(await replayer.security(f, injection))
         out.audit_lines = replayer.audit_lines()
+    out.audit_verified = replayer.audit_verified
     out.seconds = time.monotonic() - started
     return out
 
@@ -96,6 +97,8 @@ def summary(run: SuiteRun) -> dict[str, Any]:
         "attack_approvals_asked": sum(r.approvals for r in s),
         "seconds": round(run.seconds, 1),
         "audit_lines": run.audit_lines,
+        "audit_ok": run.audit_verified.startswith("ok: "),
+        "audit": run.audit_verified,
     }
 
 
@@ -182,6 +185,15 @@ async def main_async(args: argparse.Namespace) -> int:
     for policy in ("capgate", "permissive"):
         if any(r["policy"] == policy for r in rows):
             print(row(total(rows, policy)))
+    verified = sum(r["audit_ok"] for r in rows)
+    lines = sum(r["audit_lines"] for r in rows)
+    print(
+        f"audit: {verified}/{len(rows)} trails verified by capgate audit verify "
+        f"(hash chain, signed checkpoints), {lines} lines"
+    )
+    for r in rows:
+        if not r["audit_ok"]:
+            print(f"  {r['suite']} {r['policy']}: {r['audit']}")
     print(f"(* held out: {HELD_OUT}'s policy was written last, in one pass; 'revised' rows are")
     print("   post-hoc revisions of a policy after its measurement, never in the totals)")
     if args.json:

@@ -320,6 +320,7 @@ class SuiteRun:
     security: list[SecurityResult] = field(default_factory=list)
     seconds: float = 0.0
     audit_lines: int = 0
+    audit_verified: str = ""
 
 
 def _reason(error: Exception | str) -> str:
@@ -364,6 +365,7 @@ class Replayer:
         self.approver: Approver | None = None
         self._approver_task: asyncio.Task[None] | None = None
         self.role = f"{suite.name}-assistant"
+        self.audit_verified = ""  # set when the gateway has stopped
         self._runs = 0
 
     async def __aenter__(self) -> Replayer:
@@ -384,6 +386,7 @@ class Replayer:
                 await self._approver_task
         if self.gw is not None:
             await asyncio.to_thread(self.gw.stop)
+            self.audit_verified = await asyncio.to_thread(self.verify_audit)
         await self.http.aclose()
         await self.server.stop()
 
@@ -459,6 +462,22 @@ class Replayer:
             )
         )
         return SecurityResult(task.ID, injection.ID, outcomes, self.approver.asked, succeeded)
+
+    def verify_audit(self) -> str:
+        """``capgate audit verify`` on the trail, once the gateway has stopped (its last
+        checkpoint written): its first line, e.g. "...: ok, 2220 lines, 5 signed checkpoints
+        ..., hash chain intact", or what went wrong."""
+        assert self.gw is not None
+        args = [sys.executable, "-m", "gateway", "audit", "verify", str(self.gw.audit)]
+        done = subprocess.run(  # noqa: S603 (our own gateway)
+            args,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        first = (done.stdout.strip().splitlines() or [done.stderr.strip()])[0]
+        return ("ok: " if done.returncode == 0 else "FAILED: ") + first
 
     def audit_lines(self) -> int:
         assert self.gw is not None

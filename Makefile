@@ -6,7 +6,12 @@ STAMP  := $(VENV)/.installed
 # The official MCP conformance suite (npm), pinned by conformance/package-lock.json.
 CONFORMANCE_STAMP := conformance/node_modules/.installed
 
-.PHONY: run test pytest bench lint typecheck check clean venv conformance conformance-deps
+# `make eval`: its own venv with the eval extra (AgentDojo and the LLM clients it pulls in).
+EVAL_VENV  ?= .venv-eval
+EVAL_BIN   := $(EVAL_VENV)/bin
+EVAL_STAMP := $(EVAL_VENV)/.installed
+
+.PHONY: run test pytest bench lint typecheck check clean venv conformance conformance-deps eval eval-venv
 
 venv: $(STAMP)
 
@@ -47,14 +52,27 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway mocks tests bench
-	$(BIN)/ruff format --check gateway mocks tests bench
+	$(BIN)/ruff check gateway mocks tests bench eval
+	$(BIN)/ruff format --check gateway mocks tests bench eval
 
 ## Strict type checking of the shipped package.
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+eval-venv: $(EVAL_STAMP)
+
+$(EVAL_STAMP): pyproject.toml
+	@test -x $(EVAL_BIN)/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_BIN)/python -m pip install --quiet --upgrade pip
+	$(EVAL_BIN)/python -m pip install --quiet -e '.[dev,eval]'
+	@touch $@
+
+## AgentDojo (v1.2.1) through capgate: utility and attacks per suite, and a permissive baseline.
+## EVAL_ARGS e.g. "--suites banking --json report.json" (python -m eval.agentdojo --help).
+eval: $(EVAL_STAMP)
+	$(EVAL_BIN)/python -m eval.agentdojo $(EVAL_ARGS)
+
 check: test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .demo build *.egg-info conformance/node_modules
+	rm -rf $(VENV) $(EVAL_VENV) .pytest_cache .demo build *.egg-info conformance/node_modules

@@ -50,7 +50,9 @@ def untrusted_source(call: Call) -> str | None:
     if upstream is not None and upstream.untrusted:
         return f"upstream {upstream.name}"
     for op in call.operations:
-        if op.match is not None and op.match.rule.untrusted:
+        # A protocol message (MCP handshake, listing, notification) is allowed by any rule on
+        # the endpoint but reads nothing under it: only what a rule governs can taint.
+        if op.governed and op.match is not None and op.match.rule.untrusted:
             tool = f" (tool {op.tool})" if op.tool else ""
             return f"rule {op.match.rule.id}{tool}"
     return None

@@ -1,0 +1,1 @@
+"""Evaluations of capgate against public benchmarks (not part of the installed package)."""

@@ -1,0 +1,1 @@
+"""AgentDojo's tasks and attacks through capgate: ``python -m eval.agentdojo`` (``make eval``)."""

@@ -115,6 +115,42 @@ class WatchState:
         return {"ok": self.error is None, "error": self.error, "failures": self.failures}
 
 
+@dataclass
+class LoopLag:
+    """How late the event loop runs a timer: every call waits behind whatever holds the loop
+    (a long check, a blocking call, a garbage collection), so the worst lag of the last
+    minute is the first figure to read when answers are slow now and then."""
+
+    every: float = 0.05  # seconds between probes
+    stall: float = 0.010  # a lag above this is counted as a stall
+    window: float = 60.0  # seconds the worst lag is kept
+    worst_ms: float = 0.0  # the worst lag in the current window
+    previous_worst_ms: float = 0.0  # ... and in the window before it
+    stalls: int = 0  # lags above ``stall`` since start
+    _window_started: float = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._window_started = loop.time()
+        while True:
+            planned = loop.time() + self.every
+            await asyncio.sleep(self.every)
+            now = loop.time()
+            lag = max(0.0, now - planned)
+            if lag > self.stall:
+                self.stalls += 1
+            if now - self._window_started >= self.window:
+                self.previous_worst_ms, self.worst_ms = self.worst_ms, 0.0
+                self._window_started = now
+            self.worst_ms = max(self.worst_ms, lag * 1000)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "worst_lag_ms": round(max(self.worst_ms, self.previous_worst_ms), 3),
+            "stalls_over_10ms": self.stalls,
+        }
+
+
 class PolicyHolder:
     """The policy in force; ``match_policy`` reads it once per call, a reload swaps it."""
 
@@ -143,6 +179,7 @@ class Gateway:
     check_workers: CheckWorkers = field(default_factory=CheckWorkers)
     guard: ConnectionGuard = field(default_factory=ConnectionGuard)
     watch: WatchState = field(default_factory=WatchState)
+    lag: LoopLag = field(default_factory=LoopLag)
     events: EventHub = field(default_factory=EventHub)
     operators: OperatorBook | None = None
     webhook: ApprovalWebhook | None = None
@@ -263,6 +300,7 @@ class Gateway:
                 "refused": dict(self.guard.totals),
             },
             "upstreams_in_flight": self.upstream_shares.snapshot(),
+            "event_loop": self.lag.health(),
             "held_by_pause": self.pipeline.pause.held.snapshot(),
             "held_for_approval": self.approvals.slots.snapshot(),
             "waiting_for_approval": self.approvals.waiting.snapshot(),
@@ -568,14 +606,16 @@ async def running(gw: Gateway) -> AsyncIterator[Gateway]:
     gw.state.on_revoke(gw.apply_revocation)
     gw.state.on_pause(gw.pipeline.pause.changed)
     watcher = asyncio.create_task(_watch(gw), name="capgate-policy-watcher")
+    lag_probe = asyncio.create_task(gw.lag.run(), name="capgate-loop-lag")
     if gw.webhook is not None:
         gw.webhook.start()
     try:
         yield gw
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (watcher, lag_probe):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await gw.approvals.close()
         if gw.webhook is not None:
             await gw.webhook.close()

@@ -163,3 +163,19 @@ async def test_the_background_loop_stops_when_a_tick_swallows_its_cancellation(
     watcher.cancel()
     await asyncio.wait({watcher}, timeout=2.0)
     assert watcher.cancelled(), "the background loop kept running after its cancellation"
+
+
+async def test_health_shows_how_long_the_event_loop_was_held(client: Any) -> None:
+    """Something that holds the loop (a blocking call, a long check) delays every call; the
+    health report says how long the worst hold of the last minute was."""
+    import time
+
+    await asyncio.sleep(0.2)  # the probe runs
+    health = await (await client.get("/_capgate/health")).json()
+    assert health["event_loop"]["worst_lag_ms"] < 200
+    before = health["event_loop"]["stalls_over_10ms"]
+    time.sleep(0.12)  # noqa: ASYNC251 (holding the loop on purpose)
+    await asyncio.sleep(0.2)
+    health = await (await client.get("/_capgate/health")).json()
+    assert health["event_loop"]["worst_lag_ms"] >= 60
+    assert health["event_loop"]["stalls_over_10ms"] >= before + 1

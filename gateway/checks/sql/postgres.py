@@ -31,7 +31,6 @@ a text whose reading would depend on one that is not stated is refused.
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,15 +41,13 @@ from pglast import parser as pg_parser
 from gateway.checks.sql.limits import MAX_NESTING, MAX_NODES
 from gateway.checks.sql.names import TableName, is_catalog
 from gateway.checks.sql.options import SqlFamily, SqlKind
+from gateway.checks.sql.pg_version import PARSER_MAJOR
 from gateway.checks.sql.reading import Reading, count_statements
 from gateway.checks.sql.violations import Denial, Refusal, Violation, at, position, ranked
 
 if TYPE_CHECKING:
     from gateway.checks.sql.settings import SqlRules
 
-PGLAST_VERSION: str = importlib.metadata.version("pglast")
-PARSER_MAJOR: int = int(pg_parser.get_postgresql_version()[0])
-"""The PostgreSQL major version whose parser pglast embeds (pglast 5: 15; 8: 18)."""
 
 Json = dict[str, Any]
 

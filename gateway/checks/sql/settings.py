@@ -35,7 +35,7 @@ from gateway.checks.sql.names import (
     parse_table_name,
 )
 from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, SqlKind
-from gateway.checks.sql.postgres import PARSER_MAJOR, PGLAST_VERSION
+from gateway.checks.sql.pg_version import PARSER_MAJOR, PGLAST_VERSION
 
 _KINDS = tuple(k.value for k in SqlKind)
 

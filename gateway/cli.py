@@ -452,9 +452,11 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from gateway.policy_file import PolicyError
 
     if args.policy_command == "schema":
-        from gateway.policy.reference import reference_markdown, schema_text, tests_schema_text
+        from gateway.policy.reference import reference_markdown, schema_text
 
         if args.tests:
+            from gateway.commands.policy_tests import tests_schema_text
+
             return _write_out(tests_schema_text(), args.out)
         return _write_out(reference_markdown() if args.markdown else schema_text(), args.out)
     if args.policy_command == "test":

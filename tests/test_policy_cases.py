@@ -219,8 +219,12 @@ def test_the_test_file_schema_is_published_and_fits_the_reader(tmp_path: Path) -
     from jsonschema import Draft202012Validator
     from ruamel.yaml import YAML
 
-    from gateway.commands.policy_tests import CASE, case_file_schema
-    from gateway.policy.reference import TESTS_SCHEMA_FILE, tests_schema_text
+    from gateway.commands.policy_tests import (
+        CASE,
+        TESTS_SCHEMA_FILE,
+        case_file_schema,
+        tests_schema_text,
+    )
 
     assert (REPO / TESTS_SCHEMA_FILE).read_text() == tests_schema_text(), (
         "regenerate: capgate policy schema --tests -o docs/policy-tests.schema.json"

@@ -130,6 +130,15 @@ def case_file_schema() -> dict[str, Any]:
     }
 
 
+TESTS_SCHEMA_FILE = "docs/policy-tests.schema.json"
+
+
+def tests_schema_text() -> str:
+    """The schema of policy test files as the committed file (``capgate policy schema
+    --tests``)."""
+    return json.dumps(case_file_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
 _UNSET: Any = object()
 
 

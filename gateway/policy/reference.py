@@ -5,7 +5,8 @@ Both are made from ``spec.policy_schema()``, itself made from the tables the loa
 so none of the three can drift from the others; the test suite checks that the committed
 files equal what this module makes (regenerate with ``capgate policy schema -o
 docs/policy.schema.json``, ``capgate policy schema --markdown -o docs/policy-reference.md`` and
-``capgate policy schema --tests -o docs/policy-tests.schema.json``, for test files).
+``capgate policy schema --tests -o docs/policy-tests.schema.json`` for test files, whose
+schema ``commands/policy_tests.py`` makes).
 """
 
 from __future__ import annotations
@@ -17,19 +18,11 @@ from gateway.policy.spec import policy_schema
 
 SCHEMA_FILE = "docs/policy.schema.json"
 REFERENCE_FILE = "docs/policy-reference.md"
-TESTS_SCHEMA_FILE = "docs/policy-tests.schema.json"
 
 
 def schema_text() -> str:
     """The schema as the committed JSON file: 2-space indents, keys in declaration order."""
     return json.dumps(policy_schema(), indent=2, ensure_ascii=False) + "\n"
-
-
-def tests_schema_text() -> str:
-    """The schema of policy test files (``capgate policy test``) as the committed file."""
-    from gateway.commands.policy_tests import case_file_schema
-
-    return json.dumps(case_file_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
 def _type(schema: dict[str, Any]) -> str:

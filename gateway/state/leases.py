@@ -31,7 +31,7 @@ from gateway.state.base import Admission
 
 LEASE_TTL = 1.0  # seconds a leased token may wait to be used
 LEASE_MAX = 64  # tokens one round trip may take
-MAX_LEASES = 10_000  # keys with a lease kept; beyond it, expired leases are swept
+MAX_LEASES = 10_000  # keys with a lease kept; beyond it, expired leases are swept (once a TTL)
 
 # Lease up to ARGV[3] tokens of a GCRA bucket. KEYS[1]: limiter key. ARGV: interval (us),
 # burst, wanted. Returns {granted, retry_after (us; when none granted), remaining after}.
@@ -82,6 +82,7 @@ class Leases:
         self._refill = refill
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
+        self._next_sweep = 0.0  # a sweep walks every lease: at most once per LEASE_TTL
         self.round_trips = 0  # refills asked of Redis (tests, health)
 
     def __len__(self) -> int:
@@ -93,7 +94,7 @@ class Leases:
         size = lease_size(rate)
         lease = self._leases.get(key)
         if lease is None:
-            if len(self._leases) >= MAX_LEASES:
+            if len(self._leases) >= MAX_LEASES and self._clock() >= self._next_sweep:
                 self._sweep()
             lease = self._leases[key] = _Lease()
         while True:
@@ -139,6 +140,7 @@ class Leases:
 
     def _sweep(self) -> None:
         now = self._clock()
+        self._next_sweep = now + LEASE_TTL
         for key in [
             k
             for k, lease in self._leases.items()

@@ -666,8 +666,12 @@ class RedisStore:
         return await self._call("resume", write)
 
     def paused(self, agent: str, run: str | None) -> PauseEntry | None:
-        self._check_synced()
-        return self._pauses.match(agent, run, now=time.time())
+        # As for revocations: a pause the mirror knows holds the call even while the mirror
+        # is out of sync; only "not paused" needs a current mirror.
+        entry = self._pauses.match(agent, run, now=time.time())
+        if entry is None:
+            self._check_synced()
+        return entry
 
     def pauses(self) -> list[dict[str, Any]]:
         self._check_synced()

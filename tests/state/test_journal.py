@@ -172,3 +172,36 @@ async def test_health_warns_when_redis_keeps_nothing_on_disk(
     health = await fresh.health()
     assert health["persistence"] == {"known": True, "aof": True, "rdb": False}
     assert "warnings" not in health
+
+
+@pytest.mark.redis
+@needs_redis
+async def test_a_known_pause_holds_while_the_mirror_is_out_of_sync(
+    redis_server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Like a known revocation: ``on_state_error: allow`` must not let a paused agent's call
+    through because Redis went away after the pause was heard."""
+    store = await make_store(redis_server.url)
+    await store.pause("agent", "held-agent", until=None, by="ops", reason="look first")
+    redis_server.kill()
+
+    def stale() -> bool:
+        try:
+            store.paused("someone-else", None)
+        except StateUnavailable:
+            return True
+        return False
+
+    await eventually(stale, within=2.0)
+    entry = store.paused("held-agent", None)
+    assert entry is not None and entry.by == "ops"
+
+
+def test_a_journal_that_cannot_be_read_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """Starting without the revocations it holds would forget them: refuse instead."""
+    from gateway.errors import ConfigError
+
+    folder = tmp_path / "revocations"
+    folder.mkdir()  # not a file: reading it fails
+    with pytest.raises(ConfigError, match="revocation journal .* cannot be read"):
+        RevocationJournal(folder).load()

@@ -209,3 +209,32 @@ async def test_when_redis_dies_leased_tokens_last_at_most_their_ttl_then_it_fail
             served += 1
             await asyncio.sleep(0.005)
     assert served <= LEASE_MAX - 1
+
+
+async def test_many_keys_are_swept_once_their_leases_expire_and_not_on_every_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sweep walks every lease: with many live keys it runs at most once per LEASE_TTL, so
+    a new key costs no walk of the others on every call; expired ones are then dropped."""
+    import gateway.state.leases as leases_module
+
+    monkeypatch.setattr(leases_module, "MAX_LEASES", 50)
+    bucket = Bucket(10**9)
+    bucket.delay = 0
+    clock = Clock()
+    leases = Leases(bucket.refill, clock=clock)
+    sweeps = 0
+    real = leases._sweep
+
+    def counted() -> None:
+        nonlocal sweeps
+        sweeps += 1
+        real()
+
+    monkeypatch.setattr(leases, "_sweep", counted)
+    for i in range(200):  # all live: within one TTL
+        assert (await leases.take(f"k{i}", FAST)).allowed
+    assert sweeps == 1 and len(leases) == 200
+    clock.now += LEASE_TTL + 0.01
+    assert (await leases.take("fresh", FAST)).allowed
+    assert sweeps == 2 and len(leases) == 1  # the expired 200 went

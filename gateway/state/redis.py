@@ -610,6 +610,8 @@ class RedisStore:
         # What the mirror knows is enforced even while it is out of sync: only a "not
         # revoked" needs a current mirror (so on_state_error: allow never admits a
         # revocation this gateway has heard of).
+        if not self._running:
+            self._check_synced()  # a store not started, or closed, answers nothing
         kind = self._revocations.match(jti, agent, run, now=time.time())
         if kind is None:
             self._check_synced()
@@ -668,6 +670,8 @@ class RedisStore:
     def paused(self, agent: str, run: str | None) -> PauseEntry | None:
         # As for revocations: a pause the mirror knows holds the call even while the mirror
         # is out of sync; only "not paused" needs a current mirror.
+        if not self._running:
+            self._check_synced()  # a store not started, or closed, answers nothing
         entry = self._pauses.match(agent, run, now=time.time())
         if entry is None:
             self._check_synced()
@@ -685,6 +689,7 @@ class RedisStore:
     async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
         check_cost(cost, rate)
         if cost == 1 and lease_size(rate) > 1:
+            self._check_running()  # a closed store serves no leased token either
             return await self._leases.take(key, rate)  # no round trip while a lease lasts
         keys = [f"{self.prefix}rate:{key}"]
         args = [rate.interval(_US), rate.burst, cost]

@@ -46,15 +46,22 @@ async def test_calls_before_start_and_after_close_fail_closed(store_url: str) ->
         store.is_revoked("j", "a", None)
     with pytest.raises(StateUnavailable):
         await store.take("k", rate)
+    leased = parse_rate("1000/second")  # on Redis: tokens leased in batches
     await store.start()
     assert (await store.take("k", rate)).allowed
+    assert (await store.take("big", leased)).allowed
+    await store.revoke("agent", "known")
     await store.close()
     with pytest.raises(StateUnavailable):
         await store.take("k", rate)
     with pytest.raises(StateUnavailable):
+        await store.take("big", leased)  # the lease's tokens are not served after close
+    with pytest.raises(StateUnavailable):
         await store.consume_quota("q", 5, ttl_s=60)
     with pytest.raises(StateUnavailable):
         store.is_revoked("j", "a", None)
+    with pytest.raises(StateUnavailable):
+        store.is_revoked("j", "known", None)  # closed: nothing answered, known or not
     await store.close()  # idempotent
 
 

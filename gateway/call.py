@@ -101,6 +101,8 @@ class Call:
         None  # the operator whose action decided it (approved, declined, stopped)
     )
     taint: str | None = None  # taint_gate: why this sensitive call of a tainted run is held
+    # taint_mark: what to record this untrusted call's answer as, before the agent gets it
+    taint_read: str | None = None
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     audit_decided: bool = False  # audit: the decision line was written before forwarding

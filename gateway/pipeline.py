@@ -134,7 +134,7 @@ class Pipeline:
         self.upstream_shares = services.upstream_shares
         self.taint_mark = TaintMark(services.taints)
         self.dispatch = Dispatch(services.transport, telemetry)
-        self.respond = Respond(services.mac)
+        self.respond = Respond(services.mac, services.taints)
         self.audit = Audit(services.mac, services.observers, services.decisions)
 
     async def decide(self, call: Call) -> None:

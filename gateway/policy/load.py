@@ -205,6 +205,7 @@ class _Exposure(NamedTuple):
     sensitive: bool
     when_tainted: str
     evict_after: int | None
+    taint_arguments: tuple[str, ...] = ()
 
 
 def _rule_exposure(m: dict[str, Node]) -> _Exposure:
@@ -225,7 +226,25 @@ def _rule_exposure(m: dict[str, Node]) -> _Exposure:
             m["evict_after"].fail(
                 f"{m['evict_after'].where}: evict_after needs the rule's own rate or quota"
             )
-    return _Exposure(_untrusted(m), sensitive, when, evict)
+    return _Exposure(_untrusted(m), sensitive, when, evict, _taint_arguments(m, sensitive))
+
+
+def _taint_arguments(m: dict[str, Node], sensitive: bool) -> tuple[str, ...]:
+    """``taint_arguments``: tool argument names, beside ``sensitive: true`` and ``tool:``."""
+    if "taint_arguments" not in m:
+        return ()
+    node = m["taint_arguments"]
+    names = node.as_str_list()
+    if names is None:
+        return ()
+    if not sensitive or "tool" not in m:
+        node.fail(
+            f"{node.where}: taint_arguments applies to sensitive rules of an MCP tool only "
+            "(add 'sensitive: true' and 'tool:')"
+        )
+    if not names or any(not n for n in names) or len(set(names)) != len(names):
+        node.fail(f"{node.where}: expected a list of distinct argument names, at least one")
+    return tuple(names)
 
 
 class McpOptions(NamedTuple):
@@ -431,6 +450,7 @@ def _rule(
         untrusted=exposure.untrusted,
         sensitive=exposure.sensitive,
         when_tainted=exposure.when_tainted,
+        taint_arguments=exposure.taint_arguments,
         evict_after=exposure.evict_after,
         line=node.line,
     )

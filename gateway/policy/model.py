@@ -230,6 +230,9 @@ class Rule:
     untrusted: bool = False  # trust: untrusted: this call returns third parties' content
     sensitive: bool = False  # sensitive: true: a side effect or a way out of the sandbox
     when_tainted: str = "approve"  # a sensitive call of a tainted run: approve | deny
+    # the arguments a tainted run's call is held for only when their values appear in the
+    # untrusted content the run read (gateway/taint_reads.py); () holds every call
+    taint_arguments: tuple[str, ...] = ()
     evict_after: int | None = None  # stop the run at this many rate/quota refusals of it
     line: int = 0  # where the rule starts in the policy file
 
@@ -326,6 +329,8 @@ class Policy:
     _index: dict[tuple[str, str, str], tuple[Rule, ...]] = field(default_factory=dict)
     rules_by_id: dict[str, Rule] = field(default_factory=dict)
     _candidates: dict[tuple[Any, ...], Candidates] = field(default_factory=dict, repr=False)
+    # Some rule has taint_arguments: what tainted runs read is recorded (gateway/taint.py).
+    records_reads: bool = False
 
     def __post_init__(self) -> None:
         index: dict[tuple[str, str, str], list[Rule]] = {}
@@ -333,6 +338,8 @@ class Policy:
             for rule in role.rules:
                 index.setdefault((role.name, rule.upstream, rule.method), []).append(rule)
                 self.rules_by_id[rule.id] = rule
+                if rule.taint_arguments:
+                    self.records_reads = True
         self._index = {k: tuple(v) for k, v in index.items()}
 
     def candidates(

@@ -337,6 +337,20 @@ RULE = Section(
             "a sensitive call of a tainted run: approve (held for a person, default) or deny",
             {"enum": ["approve", "deny"]},
         ),
+        Key(
+            "taint_arguments",
+            "the tool's arguments that decide where data or money goes or what changes: a "
+            "sensitive call of a tainted run is then held (or refused) only when one of their "
+            "values appears in the untrusted content the run read (literal provenance, after "
+            "normalising case, spacing, punctuation, URL forms and encodings), or is too short "
+            "to tell; without it, every such call is",
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "minItems": 1,
+                "uniqueItems": True,
+            },
+        ),
     ),
 )
 ROLE = Section(

@@ -5,6 +5,9 @@ limit is enforced as bytes pass; any exact credential value the gateway injected
 if the upstream reflects it (in a header or the body), so the agent never sees it even from
 an upstream that echoes its request.
 
+The answer of an untrusted call is read (up to 256 KiB) and recorded for its run before any
+of it is passed on, when the policy uses ``taint_arguments`` (``gateway/taint.py``).
+
 A held MCP call kept alive on an event stream (``held_stream.py``) already has its head
 sent (200, ``text/event-stream``): its answer is written there as the last events, through
 the same limits, filters and masks. A refusal is its protocol's JSON-RPC answer as an event;
@@ -39,6 +42,8 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.http_headers import HOP_BY_HOP, connection_named
+from gateway.taint import Taints, taint_key
+from gateway.taint_reads import RESPONSE_CAP
 
 if TYPE_CHECKING:
     from gateway.held_stream import HeldStream
@@ -281,8 +286,9 @@ async def _respond_small(
 class Respond:
     """Builds the agent's answer: the upstream's, streamed and masked, or a refusal."""
 
-    def __init__(self, mac: BodyMac) -> None:
+    def __init__(self, mac: BodyMac, taints: Taints | None = None) -> None:
         self.mac = mac
+        self.taints = taints
 
     async def __call__(self, call: Call) -> web.StreamResponse:
         stream = call.held_stream
@@ -318,16 +324,59 @@ class Respond:
             return refusal(call, err)
         if rewriter is not None:
             chunks = rewriter(_limited(upstream.iter_chunks(), call, limit), limit)
-            return await self._stream(call, upstream, chunks, drop | {"content-length"}, seen)
-        if (
+            drop = drop | {"content-length"}
+        elif call.taint_read is None and (
             size is not None
             and size <= SMALL_BODY
             and call.method != "HEAD"
             and upstream.status not in NO_BODY_STATUSES
         ):
             return await _respond_small(call, upstream, drop | {"content-length"}, seen, self.mac)
-        chunks = _limited(upstream.iter_chunks(), call, limit)
+        else:
+            chunks = _limited(upstream.iter_chunks(), call, limit)
+        if call.taint_read is not None:
+            try:
+                chunks = await self._recorded(call, upstream.headers, chunks)
+            except GatewayError as err:
+                await upstream.close()
+                call.error = err
+                return refusal(call, err)
+            except BaseException:
+                await upstream.close()
+                raise
         return await self._stream(call, upstream, chunks, drop, seen)
+
+    async def _recorded(
+        self, call: Call, headers: CIMultiDict[str], chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        """Taint: the answer of an untrusted call is read (up to ``RESPONSE_CAP``) and
+        recorded for its run before any of it is passed on (``gateway/taint.py``); then the
+        whole answer again. A record that cannot be written refuses the answer."""
+        assert call.taint_read is not None and self.taints is not None
+        key = taint_key(call)
+        assert key is not None
+        it = aiter(chunks)
+        held: list[bytes] = []
+        size = 0
+        whole = True
+        while size <= RESPONSE_CAP:
+            try:
+                chunk = await anext(it)
+            except StopAsyncIteration:
+                break
+            held.append(chunk)
+            size += len(chunk)
+        else:
+            whole = False
+        await self.taints.record(key, call.taint_read, b"".join(held) if whole else None, headers)
+
+        async def again() -> AsyncIterator[bytes]:
+            for chunk in held:
+                yield chunk
+            async for chunk in it:
+                yield chunk
+
+        return again()
 
     async def _stream(
         self,
@@ -435,6 +484,8 @@ class Respond:
             chunks = _limited(upstream.iter_chunks(), call, limit)
             if rewriter is not None:
                 chunks = rewriter(chunks, limit)
+            if call.taint_read is not None:
+                chunks = await self._recorded(call, headers, chunks)
             head, chunks = await _head_bytes(chunks)
             if seen is not None and head.startswith(COMPRESSED_MAGIC):
                 raise _compressed()

@@ -24,7 +24,9 @@ Every method that needs the backing service either answers within a short timeou
 ``StateUnavailable``; the gateway fails closed on it.
 
 * **Taint** (``gateway/taint.py``). ``taint`` marks a run that read untrusted content, once,
-  for good; ``taint_of`` reads the mark.
+  for good; ``taint_of`` reads the mark. ``record_read`` keeps what a run read (normalised,
+  bounded: past its cap the record is dropped and incomplete for good, ``drop_reads``),
+  ``reads_of`` reads it back (``taint_arguments``).
 * **Approvals** (the approve stage). ``approval_board`` is where held calls are listed and
   decided exactly once: this process with memory state, the whole fleet with Redis.
 """
@@ -193,6 +195,21 @@ class StateStore(Protocol):
 
     async def taint_of(self, key: str) -> dict[str, Any] | None:
         """The cause ``key`` was tainted with, or None."""
+        ...
+
+    async def record_read(self, key: str, entry: str, *, cap: int, ttl_s: float) -> bool:
+        """Append ``entry`` (what run ``key`` read, ``gateway/taint_reads.py``) to the run's
+        record, unless the record would then hold more than ``cap`` characters: then it is
+        dropped and the run's record is incomplete for good (``reads_of`` answers None);
+        False. A record lives ``ttl_s`` from its last write."""
+        ...
+
+    async def drop_reads(self, key: str, *, ttl_s: float) -> None:
+        """Make run ``key``'s record incomplete for good (something it read was not kept)."""
+        ...
+
+    async def reads_of(self, key: str) -> list[str] | None:
+        """Run ``key``'s record, oldest first; None when it is incomplete or there is none."""
         ...
 
     # --- rates --------------------------------------------------------------------------

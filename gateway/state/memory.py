@@ -52,6 +52,8 @@ class MemoryStore:
     def __init__(self, *, prefix: str = DEFAULT_PREFIX, sweep_interval_s: float = 10.0) -> None:
         self._board = LocalApprovalBoard()
         self._taints: dict[str, tuple[dict[str, Any], int]] = {}  # key -> (cause, expires ns)
+        # key -> (what the run read, or None once incomplete; characters; expires ns)
+        self._reads: dict[str, tuple[list[str] | None, int, int]] = {}
         # The prefix has no use in-process; it is accepted so every backend takes the same
         # options, and kept in keys so tests and dumps read like Redis.
         self.prefix = prefix
@@ -186,6 +188,33 @@ class MemoryStore:
             return None
         return held[0]
 
+    async def record_read(self, key: str, entry: str, *, cap: int, ttl_s: float) -> bool:
+        self._check_open()
+        now = time.monotonic_ns()
+        self._maybe_sweep(now)
+        expires = now + max(1, int(ttl_s * _NS))
+        held = self._reads.get(key)
+        if held is not None and held[2] <= now:
+            held = None
+        entries, size = (held[0], held[1]) if held is not None else ([], 0)
+        if entries is None or size + len(entry) > cap:
+            self._reads[key] = (None, 0, expires)
+            return False
+        entries.append(entry)
+        self._reads[key] = (entries, size + len(entry), expires)
+        return True
+
+    async def drop_reads(self, key: str, *, ttl_s: float) -> None:
+        self._check_open()
+        self._reads[key] = (None, 0, time.monotonic_ns() + max(1, int(ttl_s * _NS)))
+
+    async def reads_of(self, key: str) -> list[str] | None:
+        self._check_open()
+        held = self._reads.get(key)
+        if held is None or held[2] <= time.monotonic_ns() or held[0] is None:
+            return None
+        return list(held[0])
+
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1
     ) -> Admission:
@@ -226,6 +255,7 @@ class MemoryStore:
         self._rates = {k: tat for k, tat in self._rates.items() if tat > now}
         self._quotas = {k: v for k, v in self._quotas.items() if v[1] > now}
         self._taints = {k: v for k, v in self._taints.items() if v[1] > now}
+        self._reads = {k: v for k, v in self._reads.items() if v[2] > now}
         wall = time.time()
         self._revocations.prune(wall)
         self._pauses.prune(wall)

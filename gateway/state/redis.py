@@ -18,6 +18,9 @@ Layout (``P`` is the prefix, ``capgate:`` by default)::
     P rate:<key>                                         GCRA theoretical arrival time (us)
     P quota:<key>                                        quota counter
     P taint:<run> | P taint:jti:<id>                     the first untrusted read (JSON), SET NX
+    P reads:<key>, P readsize:<key>, P readsover:<key>   what a tainted run read (list of
+                                                         entries), its size, and the flag set
+                                                         when it is incomplete (READ_LUA)
 
 Revocations. ``revoke`` runs one script that records the entry (``ZADD GT``: the later
 ``until`` wins), drops expired entries and, if the set changed, publishes the message, so
@@ -164,6 +167,28 @@ for _, key in ipairs(KEYS) do
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ARGV[2]) end
 end
 return {1, 0, 0, remaining}
+"""
+
+# What a tainted run read (``record_read``), bounded: past the cap the list is dropped and
+# the run's record is incomplete for good (the flag outlives it). KEYS: the list, its size
+# (characters), the incomplete flag. ARGV: entry ('' with cap -1: just mark incomplete), cap,
+# ttl (ms). Returns 1 if kept.
+READ_LUA = """
+local ttl = ARGV[3]
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  return 0
+end
+local size = redis.call('INCRBY', KEYS[2], string.len(ARGV[1]))
+if size > tonumber(ARGV[2]) then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  return 0
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
 """
 
 # Record a revocation and, if that changed the set, announce it (so a repeat, or the same
@@ -410,6 +435,7 @@ class RedisStore:
         self._lease_script = self._client.register_script(LEASE_LUA)
         self._leases = Leases(self._lease)
         self._quota_script = self._client.register_script(QUOTA_LUA)
+        self._read_script = self._client.register_script(READ_LUA)
         self._revoke_script = self._client.register_script(REVOKE_LUA)
         self._board = RedisApprovalBoard(self._client, prefix, self._call)
         self._pause_script = self._client.register_script(PAUSE_LUA)
@@ -489,6 +515,7 @@ class RedisStore:
             RATE_LUA,
             LEASE_LUA,
             QUOTA_LUA,
+            READ_LUA,
             REVOKE_LUA,
             PAUSE_LUA,
             RESUME_LUA,
@@ -725,6 +752,32 @@ class RedisStore:
     async def taint_of(self, key: str) -> dict[str, Any] | None:
         kept = await self._call("taint_of", lambda: self._client.get(f"{self.prefix}taint:{key}"))
         return json.loads(kept) if kept else None
+
+    def _read_keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}{part}:{key}" for part in ("reads", "readsize", "readsover")]
+
+    async def record_read(self, key: str, entry: str, *, cap: int, ttl_s: float) -> bool:
+        keys = self._read_keys(key)
+        args = [entry, cap, max(1, int(ttl_s * 1000))]
+        kept = await self._call("record_read", lambda: self._read_script(keys=keys, args=args))
+        return int(kept) == 1
+
+    async def drop_reads(self, key: str, *, ttl_s: float) -> None:
+        await self.record_read(key, "", cap=-1, ttl_s=ttl_s)
+
+    async def reads_of(self, key: str) -> list[str] | None:
+        keys = self._read_keys(key)
+
+        async def read() -> list[Any]:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.exists(keys[2])
+                pipe.lrange(keys[0], 0, -1)
+                return list(await pipe.execute())
+
+        over, entries = await self._call("reads_of", read)
+        if int(over) or not entries:
+            return None
+        return [e.decode() if isinstance(e, bytes) else str(e) for e in entries]
 
     async def consume_quota(
         self, key: str, limit: int, *, ttl_s: float, cost: int = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,33 @@ class Upstream:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.answered = asyncio.Event()
         self.gate: asyncio.Event | None = None
+        self.stream_open: asyncio.Event | None = None
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         msg = await request.json()
         name, args = msg["params"]["name"], msg["params"].get("arguments", {})
         self.calls.append((name, args))
+        if self.stream_open is not None and name == "read_mail":
+            return await self.events(request, msg["id"], self.stream_open)
         if self.gate is not None:
             await self.gate.wait()
         text = self.text if name == "read_mail" else "done"
         result = {"content": [{"type": "text", "text": text}]}
         self.answered.set()
         return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+    async def events(self, request: web.Request, msg_id: int, until: asyncio.Event) -> Any:
+        """The answer as an event stream that stays open after its first event."""
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": INJECTED}}
+        await out.write(f"event: message\ndata: {json.dumps(note)}\n\n".encode())
+        await until.wait()
+        result = {"content": [{"type": "text", "text": "done"}]}
+        answer = {"jsonrpc": "2.0", "id": msg_id, "result": result}
+        await out.write(f"event: message\ndata: {json.dumps(answer)}\n\n".encode())
+        await out.write_eof()
+        return out
 
     def sent(self) -> list[dict[str, Any]]:
         return [a for n, a in self.calls if n == "send_mail"]
@@ -280,6 +297,34 @@ async def test_an_answer_too_large_to_record_holds_every_sensitive_call(
     assert "not on record in full" in pending["why"]
     assert await gw.approvals.decide(pending["id"], False, by="alice") == "decided"
     await sending
+
+
+async def test_an_event_stream_is_recorded_event_by_event_and_not_held_back(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    tmp_path: Path,
+    upstream: tuple[Upstream, str],
+) -> None:
+    up, url = upstream
+    up.stream_open = asyncio.Event()
+    gw, client = await start(serve_gateway, settings, workspace, tmp_path, url)
+    me = agent(workspace)
+    answer = await tool(client, me, "read_mail")
+    assert answer.headers["Content-Type"].startswith("text/event-stream")
+    first = b""
+    while b"\n\n" not in first:  # the first event arrives while the stream is still open
+        first += await asyncio.wait_for(answer.content.readany(), 5)
+    assert b"Mark.Black-2134" in first
+    sending = asyncio.ensure_future(tool(client, me, "send_mail", to="mark.black-2134@gmail.com"))
+    pending = await held(gw)
+    assert "argument to appears" in pending["why"]
+    assert await gw.approvals.decide(pending["id"], False, by="alice") == "decided"
+    await sending
+    up.stream_open.set()
+    assert b"done" in await answer.read()
+    ok = await tool(client, me, "send_mail", to="alice@example.com")
+    assert ok.status == 200
 
 
 def test_taint_arguments_need_a_sensitive_tool_rule(tmp_path: Path) -> None:

@@ -355,6 +355,9 @@ class Respond:
         assert call.taint_read is not None and self.taints is not None
         key = taint_key(call)
         assert key is not None
+        media = headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if media == "text/event-stream":
+            return self._recorded_events(key, call.taint_read, headers, chunks)
         it = aiter(chunks)
         held: list[bytes] = []
         size = 0
@@ -377,6 +380,37 @@ class Respond:
                 yield chunk
 
         return again()
+
+    async def _recorded_events(
+        self, key: str, source: str, headers: CIMultiDict[str], chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        """An event stream (an answer, or a stream the server keeps open) is recorded event
+        by event, each before it is passed on; an event larger than ``RESPONSE_CAP`` ends
+        the run's record, and the rest of the stream passes unrecorded."""
+        assert self.taints is not None
+        pending = b""
+        recording = True
+        async for chunk in chunks:
+            if not recording:
+                yield chunk
+                continue
+            pending += chunk
+            cut = max(pending.rfind(b"\n\n"), pending.rfind(b"\r\n\r\n"))
+            if cut < 0:
+                if len(pending) > RESPONSE_CAP:
+                    await self.taints.record(key, source, None, headers)
+                    recording = False
+                    yield pending
+                    pending = b""
+                continue
+            end = cut + (4 if pending[cut : cut + 4] == b"\r\n\r\n" else 2)
+            events, pending = pending[:end], pending[end:]
+            await self.taints.record(key, source, events, headers)
+            yield events
+        if pending:
+            if recording:
+                await self.taints.record(key, source, pending, headers)
+            yield pending
 
     async def _stream(
         self,

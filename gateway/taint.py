@@ -35,6 +35,7 @@ read, each make the run hold every sensitive call again, as without ``taint_argu
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,6 +57,7 @@ from gateway.taint_reads import (
 
 TAINT_TTL_S = 30 * 24 * 3600.0  # longer than any run is expected to live
 REMEMBERED = 65_536  # runs this gateway remembers having tainted
+ON_LOOP = 16 * 1024  # answers up to this size are normalised on the event loop
 BEGIN = "begin "  # a run's record starts with the mark: BEGIN + the tainting request's id
 
 
@@ -125,13 +127,13 @@ class Taints:
         try:
             if body is None:
                 raise Unreadable("the answer is larger than the bytes recorded of one answer")
-            text = response_text(
-                body, headers.get("Content-Type", ""), headers.get("Content-Encoding", "")
-            )
+            if len(body) <= ON_LOOP:
+                entry = _entry(source, body, headers)
+            else:  # ~1 s a MiB of text: off the event loop, which then keeps its turns
+                entry = await asyncio.to_thread(_entry, source, body, headers)
         except Unreadable:
             await self.state.drop_reads(key, ttl_s=READS_TTL_S)
             return
-        entry = Read.of_text(source, text).entry()
         await self.state.record_read(key, entry, cap=RUN_CAP, ttl_s=READS_TTL_S)
 
     async def reads(self, key: str, cause: dict[str, Any]) -> list[Read] | None:
@@ -140,6 +142,12 @@ class Taints:
         if not entries or entries[0] != BEGIN + str(cause.get("request_id")):
             return None
         return [Read.of_entry(e) for e in entries[1:] if "\n" in e]
+
+
+def _entry(source: str, body: bytes, headers: Mapping[str, str]) -> str:
+    content_type = headers.get("Content-Type", "")
+    text = response_text(body, content_type, headers.get("Content-Encoding", ""))
+    return Read.of_text(source, text).entry()
 
 
 def _remember(memory: OrderedDict[str, Any], key: str, value: Any) -> None:

@@ -49,13 +49,14 @@ MAX_VALUES = 256
 """Argument values looked at per call; a call with more is held."""
 
 _SCHEME = re.compile(r"mailto:|[a-z][a-z0-9+.-]{1,15}://|www\.")
-_NOT_ALNUM = re.compile(r"[\W_]+")
+_ALNUM = re.compile(r"[^\W_]+")
 _IDNA = re.compile(r"xn--[a-z0-9-]+")
 # Candidates inside a longer value: whitespace-separated words with a digit or an address's
 # punctuation, and digit groups written apart (an IBAN in blocks of four).
 _WORD = re.compile(r"[^\s<>\"'`()\[\]{},;|]+")
 _DIGIT_GROUPS = re.compile(r"[a-z]{0,2}\d[\d \t.-]{8,}\d")
-_ADDRESSY = re.compile(r"://|\w\.\w")
+_IDENTIFIER = re.compile(r"\d|@|://|\w\.\w")
+_ESCAPE = re.compile(r"\\u([0-9a-f]{4})|\\x([0-9a-f]{2})")
 
 
 def _decode_idna(match: re.Match[str]) -> str:
@@ -74,27 +75,32 @@ def _decoded(text: str) -> str:
         if undone == text:
             break
         text = unicodedata.normalize("NFKC", undone).casefold()
+    if "\\" in text:  # \u0040 and \x40 escapes, as an agent reading raw JSON may undo them
+        text = _ESCAPE.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), text).casefold()
     if "xn--" in text:
         text = _IDNA.sub(_decode_idna, text)
     return text
 
 
+def _compact(decoded: str) -> str:
+    return "".join(_ALNUM.findall(_SCHEME.sub("", decoded)))
+
+
 def normalise(text: str) -> str:
     """The form both sides are compared in: letters and digits only, see the module."""
-    return _NOT_ALNUM.sub("", _SCHEME.sub("", _decoded(text)))
+    return _compact(_decoded(text))
 
 
 def identifiers(text: str) -> set[str]:
     """The identifiers in a text, normalised, those long enough: words with a digit, an
     ``@``, a scheme or a dot between letters (addresses, URLs, host names, IBANs, codes),
     and digit groups written apart."""
-    found: set[str] = set()
-    decoded = _decoded(text)
-    for word in _WORD.findall(decoded):
-        if any(c.isdigit() for c in word) or "@" in word or _ADDRESSY.search(word):
-            found.add(normalise(word))
-    for group in _DIGIT_GROUPS.findall(decoded):
-        found.add(normalise(group))
+    return _identifiers(_decoded(text))
+
+
+def _identifiers(decoded: str) -> set[str]:
+    found = {_compact(word) for word in _WORD.findall(decoded) if _IDENTIFIER.search(word)}
+    found.update(_compact(group) for group in _DIGIT_GROUPS.findall(decoded))
     return {c for c in found if len(c) >= MIN_VALUE}
 
 
@@ -255,7 +261,8 @@ class Read:
 
     @classmethod
     def of_text(cls, source: str, text: str) -> Read:
-        return cls(source, normalise(text), tuple(sorted(identifiers(text))))
+        decoded = _decoded(text)
+        return cls(source, _compact(decoded), tuple(sorted(_identifiers(decoded))))
 
     def entry(self) -> str:
         return f"{self.source}\n{self.text}\n{' '.join(self.marks)}"

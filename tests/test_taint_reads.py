@@ -116,6 +116,7 @@ REENCODINGS = [
     lambda v: "\u200b".join(v),  # zero-width spaces between every character
     lambda v: v.translate({c: c + 0xFEE0 for c in range(0x21, 0x7F)}),  # full width
     lambda v: f"<{v}>",
+    lambda v: "".join(f"\\u{ord(c):04x}" for c in v),  # JSON escapes, in plain text
     lambda v: f'"{v}".',
 ]
 FILLER = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)

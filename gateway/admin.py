@@ -13,6 +13,7 @@
     GET  /taint?run=R | ?jti=J       whether a run (or token) read untrusted content   viewer
     POST /approvals/{id}/approve     let the held call go on                   approver
     POST /approvals/{id}/deny        end it with approval_denied               approver
+    POST /approvals/{id}/check       is the masked value at this path X? (yes/no) approver
     GET  /pauses                     agents and runs paused now                viewer
     GET  /stops                      agents and runs stopped (revoked), by whom  viewer
     POST /agents/{agent}/pause       hold an agent's new calls (resume, or ``until``)  admin
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -66,6 +68,7 @@ from gateway.admin_console import (
     install_console,
     still_allowed,
 )
+from gateway.approval_checks import CHECKS_PER_APPROVAL, MAX_VALUE
 from gateway.approvals import Approvals
 from gateway.errors import ConcurrencyLimited, ConfigError, StateUnavailable
 from gateway.events import EventHub, Filters, Subscription, sse
@@ -75,6 +78,7 @@ from gateway.state.base import PauseKind, StateStore
 
 HEARTBEAT_S = 15.0
 MAX_LIMIT = 1000
+log = logging.getLogger("capgate")
 MAX_FILTER = 256
 MAX_REASON = 500
 
@@ -311,6 +315,52 @@ async def _json_body(request: web.Request, allowed: frozenset[str]) -> dict[str,
     return body
 
 
+_CHECK_KEYS = frozenset({"path", "value"})
+
+
+async def _check(request: web.Request) -> web.Response:
+    """Whether the masked value at a path of a held call's body is the value offered
+    (``gateway/approval_checks.py``): yes or no, never the value; a few per approval."""
+    approval_id = request.match_info["id"]
+    body = await _json_body(request, _CHECK_KEYS)
+    path, value = body.get("path"), body.get("value")
+    if not isinstance(path, str) or not 0 < len(path) <= MAX_FILTER:
+        raise _invalid("path must be one of the approval's 'checkable' paths")
+    if not isinstance(value, str) or len(value) > MAX_VALUE:
+        raise _invalid(f"value must be a string of at most {MAX_VALUE} characters")
+    console = request.app[CONSOLE]
+    by = _operator(request).name
+    try:
+        allowed = await console.state.consume_quota(
+            f"approval-check:{approval_id}",
+            CHECKS_PER_APPROVAL,
+            ttl_s=console.approvals.timeout + 60,
+        )
+    except StateUnavailable as exc:
+        return problem(503, "state_unavailable", exc.detail)
+    if not allowed.allowed:
+        return problem(
+            429,
+            "approval_check_limited",
+            f"approval {approval_id!r} has had its {CHECKS_PER_APPROVAL} checks",
+        )
+    outcome = await console.approvals.check(approval_id, path, value)
+    if outcome == "not_found":
+        return problem(404, "approval_not_found", f"no pending approval {approval_id!r}")
+    if outcome == "not_checkable":
+        raise _invalid(f"approval {approval_id!r} has no masked value at {path!r}")
+    answer = {
+        "id": approval_id,
+        "path": path,
+        "equal": outcome == "equal",
+        "checks_left": allowed.remaining,
+        "by": by,
+    }
+    console.events.publish({"type": "operator", "action": "check", **answer})
+    log.info("operator %s checked %s of approval %s: %s", by, path, approval_id, outcome)
+    return web.json_response(answer)
+
+
 _DECISION_KEYS = frozenset({"reason", "body_sha256"})
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -436,6 +486,7 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/approvals", _approvals, "viewer"),
     ("GET", "/taint", _taint, "viewer"),
     ("POST", "/approvals/{id:[0-9a-f]{16}}/{verb:approve|deny}", _decide, "approver"),
+    ("POST", "/approvals/{id:[0-9a-f]{16}}/check", _check, "approver"),
     ("GET", "/pauses", _pauses, "viewer"),
     ("GET", "/stops", _stops, "viewer"),
     ("POST", "/agents/{name}/{verb:pause|resume|stop}", _act, "admin"),

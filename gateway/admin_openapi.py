@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import __version__
+from gateway.approval_checks import CHECKS_PER_APPROVAL, MAX_VALUE
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 
@@ -84,6 +85,7 @@ PENDING: dict[str, Any] = {
         "body_size",
         "body_truncated",
         "body_sha256",
+        "checkable",
         "policy",
         "expires_at",
         "expires_in_s",
@@ -102,6 +104,12 @@ PENDING: dict[str, Any] = {
         "body_size": {"type": ["integer", "null"]},
         "body_truncated": {"type": "boolean"},
         "body_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+        "checkable": {
+            "type": "array",
+            "description": "paths of the masked values an approver may check "
+            "(POST /approvals/{id}/check)",
+            "items": {"type": "string"},
+        },
         "policy": {"type": "string"},
         "created": {"type": "number"},
         "expires_at": {"type": "number"},
@@ -115,6 +123,18 @@ DECIDED: dict[str, Any] = {
     "properties": {
         "id": {"type": "string"},
         "decision": {"enum": ["approved", "denied"]},
+        "by": {"type": "string"},
+    },
+}
+
+CHECKED: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "path", "equal", "checks_left", "by"],
+    "properties": {
+        "id": {"type": "string"},
+        "path": {"type": "string"},
+        "equal": {"type": "boolean"},
+        "checks_left": {"type": "integer"},
         "by": {"type": "string"},
     },
 }
@@ -521,6 +541,45 @@ def openapi_document() -> dict[str, Any]:
                                             "type": "string",
                                             "pattern": "^[0-9a-f]{64}$",
                                         },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/approvals/{id}/check": {
+                "post": _op(
+                    "Check a masked value of a held call: is the value at this path X? "
+                    f"Answers yes or no, never the value; {CHECKS_PER_APPROVAL} checks per "
+                    "approval (the fleet shares the count), each published as an operator event",
+                    "approver",
+                    {
+                        "200": _json(CHECKED, "checked"),
+                        "400": _problem("admin_request_invalid"),
+                        "404": _problem("approval_not_found"),
+                        "429": _problem("approval_check_limited"),
+                        "503": _problem("state_unavailable"),
+                    },
+                    parameters=[
+                        {
+                            "name": "id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+                        }
+                    ],
+                    requestBody={
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["path", "value"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "path": {"type": "string", "maxLength": 256},
+                                        "value": {"type": "string", "maxLength": MAX_VALUE},
                                     },
                                 }
                             }

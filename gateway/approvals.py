@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import time
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.approval_checks import digests, masked_values, matches
 from gateway.errors import ApprovalDenied, ApprovalPending, ApprovalTimeout, StateUnavailable
 from gateway.recording.redact import Redactor
 from gateway.shares import Shares
@@ -59,6 +61,14 @@ SHOWN_BODY = 64 * 1024  # bytes of a held body shown to approvers (its digest co
 _REDACTOR = Redactor()
 
 Outcome = Literal["decided", "not_found", "mismatch"]
+CheckOutcome = Literal["equal", "different", "not_found", "not_checkable"]
+
+
+def _masked_of(body: bytes | None) -> dict[str, str]:
+    """The values the approvers' view masks, by path, for checks (``approval_checks.py``)."""
+    if body is None or len(body) > SHOWN_BODY:
+        return {}
+    return masked_values(body, _REDACTOR.body(body).data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +115,9 @@ class Pending:
     life: asyncio.Task[Decision] = field(init=False, repr=False)
     taken: bool = False  # approved and taken by a call: nobody else attaches to it
     linger: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # masked values an approver may check (approval_checks.py): path -> value, never shown
+    masked: dict[str, str] = field(default_factory=dict, repr=False)
+    digesting: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
         call = self.call
@@ -125,6 +138,7 @@ class Pending:
             "body_size": None if body is None else len(body),
             "body_truncated": body is not None and len(body) > SHOWN_BODY,
             "body_sha256": self.body_sha256,
+            "checkable": sorted(self.masked),
             "policy": call.policy,
             "created": self.created,
             "expires_at": self.deadline,
@@ -193,8 +207,39 @@ class Approvals:
         now = time.time()
         records = await self.board.listing()
         for record in records:
+            record.setdefault("checkable", [])
             record["expires_in_s"] = max(0, round(float(record.get("expires_at", now)) - now))
         return records
+
+    async def check(self, approval_id: str, path: str, value: str) -> CheckOutcome:
+        """Whether the masked value at ``path`` of a pending approval's body is ``value``
+        (``approval_checks.py``): ``equal``, ``different``, ``not_found`` (no such pending
+        approval) or ``not_checkable`` (no masked value there)."""
+        pending = self._pending.get(approval_id)
+        if pending is not None:  # held here: against the held value itself
+            if pending.decided.done():
+                return "not_found"
+            held = pending.masked.get(path)
+            if held is None:
+                return "not_checkable"
+            return "equal" if hmac.compare_digest(held.encode(), value.encode()) else "different"
+        checks = await self.board.checks_of(approval_id) if self.board.shared else None
+        if checks is None:
+            return "not_found"
+        entry = checks.get(path)
+        if not isinstance(entry, list) or len(entry) != 2:
+            return "not_checkable"
+        equal = await asyncio.to_thread(matches, value, entry)
+        return "equal" if equal else "different"
+
+    async def _digests(self, pending: Pending) -> None:
+        """The fleet's way to check a masked value of a call held here: salted scrypt
+        digests on the board (computed off the loop, after the call is published)."""
+        try:
+            checks = await asyncio.to_thread(digests, pending.masked)
+            await self.board.set_checks(pending.id, checks)
+        except StateUnavailable as exc:
+            log.warning("approvals: cannot publish checks of %s: %s", pending.id, exc.detail)
 
     async def decide(
         self,
@@ -313,6 +358,7 @@ class Approvals:
             deadline=now + self.timeout,
             decided=asyncio.get_running_loop().create_future(),
             key=key,
+            masked=_masked_of(call.body),
         )
         self._pending[approval_id] = pending
         if key is not None:
@@ -327,6 +373,8 @@ class Approvals:
         self._tell(pending, "held")
         if self.board.shared and self._poller is None:
             self._poller = asyncio.create_task(self._poll(), name="capgate-approvals")
+        if self.board.shared and pending.masked:
+            pending.digesting = asyncio.create_task(self._digests(pending), name="capgate-digests")
         pending.life = asyncio.create_task(self._life(pending), name="capgate-approval")
         pending.life.add_done_callback(_retrieved)
         return pending

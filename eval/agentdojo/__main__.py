@@ -112,6 +112,7 @@ def details(run: SuiteRun) -> dict[str, Any]:
                 "approvals": r.approvals,
                 "env_check": r.env_check,
                 "calls": [[o.function, o.reason] for o in r.outcomes],
+                "held": r.held,
             }
             for r in run.utility
         ],

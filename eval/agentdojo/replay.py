@@ -206,8 +206,9 @@ def _shown_call(pending: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 
 def _same(shown: Any, expected: Any) -> bool:
     if isinstance(shown, str) and shown.startswith(REDACTED):
-        # The admin API shows approvers a redacted body (a password, a token): the person
-        # cannot tell the user's value from an attacker's, so does not approve it.
+        # The admin API shows approvers a redacted body (a password, a token): unless the
+        # person confirmed it (Approver._unmasked), they cannot tell the user's value from
+        # an attacker's, so do not approve it.
         return False
     if isinstance(shown, dict) and isinstance(expected, dict):
         keys = set(shown) | set(expected)
@@ -235,18 +236,49 @@ class Approver:
         self.asked = 0
         self.approved = 0
         self.denied = 0
+        self.whys: list[str] = []  # why each decided call was held, as the approver read it
+        self.checks = 0  # masked values the person checked (POST /approvals/{id}/check)
 
     def expect(self, run: str, calls: Sequence[FunctionCall]) -> None:
         self.run = run
         self.allowed = [(c.function, _plain(c.args)) for c in calls]
         self.asked = self.approved = self.denied = 0
+        self.whys = []
 
-    def _approves(self, pending: dict[str, Any]) -> bool:
+    async def _approves(self, pending: dict[str, Any]) -> bool:
         shown = _shown_call(pending)
         if shown is None:
             return False
         name, args = shown
+        args = await self._unmasked(pending, name, args)
         return any(name == n and _same(args, a) for n, a in self.allowed)
+
+    async def _unmasked(
+        self, pending: dict[str, Any], name: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A masked argument (a password) cannot be read, but the person knows what the user
+        asked for: they ask the gateway whether the held value is that (yes or no, never the
+        value: POST /approvals/{id}/check); a value confirmed stands in for the mask."""
+        auth = {"Authorization": f"Bearer {self.gw.admin_token}"}
+        out = dict(args)
+        for path in pending.get("checkable") or []:
+            key = path.removeprefix("params.arguments.")
+            if key == path or "." in key or "[" in key:
+                continue
+            for tool, expected in self.allowed:
+                if tool != name or key not in expected:
+                    continue
+                value = expected[key]
+                answer = await self.http.post(
+                    f"{self.gw.admin}/approvals/{pending['id']}/check",
+                    headers=auth,
+                    json={"path": path, "value": str(value)},
+                )
+                self.checks += 1
+                if answer.status_code == 200 and answer.json().get("equal"):
+                    out[key] = value
+                    break
+        return out
 
     async def loop(self) -> None:
         auth = {"Authorization": f"Bearer {self.gw.admin_token}"}
@@ -255,7 +287,7 @@ class Approver:
             for pending in answer.json()["pending"]:
                 if pending.get("run") != self.run:
                     continue
-                approve = self._approves(pending)
+                approve = await self._approves(pending)
                 verb = "approve" if approve else "deny"
                 body = {
                     "reason": "simulated person: " + ("user's task" if approve else "not asked")
@@ -265,6 +297,7 @@ class Approver:
                 )
                 if done.status_code == 200:
                     self.asked += 1
+                    self.whys.append(str(pending.get("why", "")))
                     if approve:
                         self.approved += 1
                     else:
@@ -289,6 +322,7 @@ class UtilityResult:
     outcomes: list[CallOutcome]
     approvals: int
     env_check: bool | None  # AgentDojo's utility check; None where it reads the model's text
+    held: list[str] = field(default_factory=list)  # why each call was held (the approver's view)
 
     @property
     def all_ran(self) -> bool:
@@ -433,7 +467,9 @@ class Replayer:
             env_check = bool(
                 self.suite._check_user_task_utility(task, [], pre, env, self.server.calls)
             )
-        return UtilityResult(task.ID, outcomes, self.approver.asked, env_check)
+        return UtilityResult(
+            task.ID, outcomes, self.approver.asked, env_check, list(self.approver.whys)
+        )
 
     async def security(self, facts: TaskFacts, injection: BaseInjectionTask[Any]) -> SecurityResult:
         assert self.approver is not None

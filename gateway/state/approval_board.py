@@ -61,6 +61,15 @@ class ApprovalBoard(Protocol):
         """Take an ended approval off the board."""
         ...
 
+    async def set_checks(self, approval_id: str, checks: dict[str, list[str]]) -> None:
+        """Attach the digests of a pending approval's masked values (``approval_checks.py``)
+        for the fleet to check against; nothing if it has ended."""
+        ...
+
+    async def checks_of(self, approval_id: str) -> dict[str, list[str]] | None:
+        """The digests attached to an undecided pending approval; None if there is none."""
+        ...
+
 
 class LocalApprovalBoard:
     shared = False
@@ -94,6 +103,12 @@ class LocalApprovalBoard:
         self._records.pop(approval_id, None)
         self._decided.pop(approval_id, None)
 
+    async def set_checks(self, approval_id: str, checks: dict[str, list[str]]) -> None:
+        return None  # one process: its approvals check the held body itself
+
+    async def checks_of(self, approval_id: str) -> dict[str, list[str]] | None:
+        return None
+
 
 # KEYS[1] approval hash, KEYS[2] pending set; ARGV[1] decision JSON, ARGV[2] id,
 # ARGV[3] body digest the decision was made on ("" for none). 1 decided, 0 unknown or
@@ -103,6 +118,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'body_sha256') ~= ARGV[3] then return -1 end
 if redis.call('HSETNX', KEYS[1], 'decision', ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS[1] approval hash; ARGV[1] checks JSON. Only while it is pending (never recreates it).
+CHECKS_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'decision') == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'checks', ARGV[1])
 return 1
 """
 
@@ -118,7 +142,9 @@ class RedisApprovalBoard:
         self._prefix = prefix + "approval:"
         self._call = call  # the store's bounded, fail-closed runner of one operation
         self._claim = client.register_script(CLAIM_LUA)
-        self.scripts = (CLAIM_LUA,)  # what a cluster store loads on every node at start
+        self._checks = client.register_script(CHECKS_LUA)
+        # what a cluster store loads on every node at start
+        self.scripts = (CLAIM_LUA, CHECKS_LUA)
 
     def _key(self, approval_id: str) -> str:
         return self._prefix + approval_id
@@ -181,3 +207,22 @@ class RedisApprovalBoard:
                 await pipe.execute()
 
         await self._call("approval forget", drop)
+
+    async def set_checks(self, approval_id: str, checks: dict[str, list[str]]) -> None:
+        keys, args = [self._key(approval_id)], [json.dumps(checks)]
+        await self._call("approval checks", lambda: self._checks(keys=keys, args=args))
+
+    async def checks_of(self, approval_id: str) -> dict[str, list[str]] | None:
+        key = self._key(approval_id)
+
+        async def read() -> list[Any]:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hget(key, "decision")
+                pipe.hget(key, "checks")
+                return list(await pipe.execute())
+
+        decision, checks = await self._call("approval checks", read)
+        if decision is not None or checks is None:
+            return None
+        found = json.loads(checks)
+        return found if isinstance(found, dict) else None

@@ -53,6 +53,7 @@ from gateway.taint_reads import (
     Unreadable,
     find,
     response_text,
+    vouched_text,
 )
 
 TAINT_TTL_S = 30 * 24 * 3600.0  # longer than any run is expected to live
@@ -192,7 +193,9 @@ class TaintGate:
             f"before this sensitive call ({', '.join(r.id for r in rules)})"
         )
         if readable and all(r.taint_arguments for r in rules):
-            found = await self._provenance(key, cause, sensitive)
+            assert call.claims is not None
+            vouched = vouched_text(call.claims.extra)
+            found = await self._provenance(key, cause, sensitive, vouched)
             if found is None:
                 return  # none of the arguments that matter could have come from what it read
             why += f"; {found}"
@@ -202,7 +205,7 @@ class TaintGate:
         call.taint = why
 
     async def _provenance(
-        self, key: str, cause: dict[str, Any], sensitive: list[Operation]
+        self, key: str, cause: dict[str, Any], sensitive: list[Operation], vouched: str
     ) -> str | None:
         """Why the call must still be held, or None when its ``taint_arguments`` values do
         not appear in what the run read (fail closed: an unreadable or partial record, or
@@ -221,7 +224,7 @@ class TaintGate:
             payload = op.payload
             if not isinstance(payload, ArgumentsPayload):
                 return f"the arguments of {op.match.rule.id} cannot be read"
-            found = find(payload.arguments, op.match.rule.taint_arguments, reads)
+            found = find(payload.arguments, op.match.rule.taint_arguments, reads, vouched)
             if found is not None:
                 return f"{op.match.rule.id}: {found}"
         return None

@@ -23,6 +23,9 @@ on its own (case, whitespace, punctuation, percent- and HTML-encoding, URL schem
   for in the whole normalised value, so an address read and then written, spaced out, into a
   message body is found too. A value too short to tell apart (under ``MIN_VALUE`` letters
   and digits) is held (fail closed).
+* A token may carry the user's own request (claim ``vouched``, written by the orchestrator
+  that mints the run's token, never by the agent): a value whose whole normalised form
+  appears in it is the user's, and is not held for appearing in what the run read too.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ MIN_VALUE = 6
 """Letters and digits a value needs to be looked for; a shorter one is held."""
 MAX_VALUES = 256
 """Argument values looked at per call; a call with more is held."""
+VOUCHED_CLAIM = "vouched"
+"""The token claim with the user's own request (a string, or a list of strings)."""
+MAX_VOUCHED = 16 * 1024
+"""Characters of a ``vouched`` claim; a longer one vouches for nothing."""
 
 _SCHEME = re.compile(r"mailto:|[a-z][a-z0-9+.-]{1,15}://|www\.")
 _ALNUM = re.compile(r"[^\W_]+")
@@ -278,10 +285,33 @@ class Read:
         return any(p in self.text for p in probes) or any(m in whole for m in self.marks)
 
 
-def find(arguments: Mapping[str, Any], names: Sequence[str], reads: Sequence[Read]) -> str | None:
+def vouched_text(claims: Mapping[str, Any]) -> str:
+    """The normalised text of a token's ``vouched`` claim: the user's request, as the
+    orchestrator that minted the token for the run wrote it; "" when there is none, or it
+    is not a string or a list of strings within ``MAX_VOUCHED`` characters (fail closed:
+    nothing is vouched for)."""
+    value = claims.get(VOUCHED_CLAIM)
+    if isinstance(value, str):
+        parts = [value]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        parts = value
+    else:
+        return ""
+    if sum(len(p) for p in parts) > MAX_VOUCHED:
+        return ""
+    return "\n".join(normalise(p) for p in parts)
+
+
+def find(
+    arguments: Mapping[str, Any],
+    names: Sequence[str],
+    reads: Sequence[Read],
+    vouched: str = "",
+) -> str | None:
     """Why the call must be held: which argument appears in which read (or is too short to
     tell, or there are too many values to look at); None when none could have come from
-    what the run read."""
+    what the run read. A value whose whole normalised form is in ``vouched`` (the user's own
+    request, ``vouched_text``) is the user's, wherever else it appears."""
     seen = 0
     for name in names:
         for path, value in argument_values(arguments, name):
@@ -296,6 +326,8 @@ def find(arguments: Mapping[str, Any], names: Sequence[str], reads: Sequence[Rea
                     f"argument {path} is too short ({len(whole)} letters and digits) to tell "
                     "whether it came from there"
                 )
+            if whole in vouched:
+                continue
             probes = candidates(value)
             for read in reads:
                 if read.holds(probes, whole):

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.tokens import generate_keys, load_private_key, mint_token
 
@@ -71,9 +72,16 @@ class Workspace:
         ttl: float = 3600,
         run: str | None = None,
         caps: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         return mint_token(
-            load_private_key(self.token_key), agent=agent, roles=roles, ttl=ttl, run=run, caps=caps
+            load_private_key(self.token_key),
+            agent=agent,
+            roles=roles,
+            ttl=ttl,
+            run=run,
+            caps=caps,
+            extra=extra,
         )
 
 

@@ -343,3 +343,21 @@ def test_taint_arguments_need_a_sensitive_tool_rule(tmp_path: Path) -> None:
             load_policy("p.yaml", text=bad)
         assert why in str(err.value)
     assert load_policy("p.yaml", text=base).records_reads
+
+
+async def test_a_token_that_vouches_for_the_users_request_lets_its_values_go_on(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    tmp_path: Path,
+    upstream: tuple[Upstream, str],
+) -> None:
+    up, url = upstream
+    gw, client = await start(serve_gateway, settings, workspace, tmp_path, url)
+    request = "Forward the invoices to mark.black-2134@gmail.com, my accountant."
+    token = workspace.token("test-bot", ["assistant"], run="run-v", extra={"vouched": request})
+    me = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    assert (await tool(client, me, "read_mail")).status == 200
+    ok = await tool(client, me, "send_mail", to="Mark.Black-2134@gmail.com")
+    assert ok.status == 200 and up.sent() == [{"to": "Mark.Black-2134@gmail.com"}]
+    assert await gw.approvals.pending() == []

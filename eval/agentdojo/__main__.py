@@ -55,11 +55,13 @@ async def run_suite(
     workdir: Path,
     facts: list[TaskFacts],
     pairs: list[tuple[TaskFacts, Any]],
+    vouch: bool = False,
 ) -> SuiteRun:
     started = time.monotonic()
     out = SuiteRun(suite.name, label)
     ws = prepare_workspace(workdir / "keys")
-    async with Replayer(suite, policy, workdir / f"{suite.name}-{label}", ws) as replayer:
+    where = workdir / f"{suite.name}-{label}"
+    async with Replayer(suite, policy, where, ws, vouch=vouch) as replayer:
         for f in facts:
             out.utility.append(await replayer.utility(f))
         for f, injection in pairs:
@@ -173,7 +175,7 @@ async def main_async(args: argparse.Namespace) -> int:
         if not args.no_baseline:
             policies.append(("permissive", baseline))
         for label, policy in policies:
-            run = await run_suite(suite, policy, label, workdir, facts, pairs)
+            run = await run_suite(suite, policy, label, workdir, facts, pairs, args.vouch)
             s = summary(run)
             rows.append(s)
             report["suites"].setdefault(name, {})[label] = {"summary": s, **details(run)}
@@ -230,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, help="only the first N user tasks of each suite")
     parser.add_argument("--pairs", type=int, help="only the first N attack pairs of each suite")
     parser.add_argument("--no-baseline", action="store_true", help="skip the permissive run")
+    parser.add_argument(
+        "--vouch",
+        action="store_true",
+        help="tokens carry the user task's prompt (claim 'vouched'): values the user typed "
+        "are not held for appearing in what the run read (taint_arguments)",
+    )
     parser.add_argument("--json", help="write every task's and pair's result here")
     parser.add_argument("--workdir", help="policies, keys and audit files (default: a temp dir)")
     args = parser.parse_args(argv)

@@ -388,8 +388,13 @@ class Replayer:
         policy: Path,
         workdir: Path,
         ws: Workspace | None = None,
+        *,
+        vouch: bool = False,
     ) -> None:
         self.suite = suite
+        # Each replay's token carries the user task's prompt (claim "vouched"), as an
+        # orchestrator that mints the run's token from the user's request would.
+        self.vouch = vouch
         self.policy_source = policy
         self.workdir = workdir
         self.ws = ws or prepare_workspace(workdir.parent / "keys")
@@ -425,9 +430,10 @@ class Replayer:
         await self.server.stop()
 
     @contextlib.asynccontextmanager
-    async def session(self, run: str) -> AsyncIterator[Client]:
+    async def session(self, run: str, request: str) -> AsyncIterator[Client]:
         assert self.gw is not None
-        token = self.ws.token(AGENT, [self.role], run=run)
+        extra = {"vouched": request} if self.vouch else None
+        token = self.ws.token(AGENT, [self.role], run=run, extra=extra)
         url = f"{self.gw.url}/{self.suite.name}/mcp"
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=90)
         async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as c:
@@ -460,7 +466,7 @@ class Replayer:
         self.server.reset(env)
         run = self._run_id("u")
         self.approver.expect(run, calls)
-        async with self.session(run) as mcp:
+        async with self.session(run, task.PROMPT) as mcp:
             outcomes = [await self._call(mcp, call) for call in calls]
         env_check = None
         if facts.text_free:
@@ -483,7 +489,7 @@ class Replayer:
         self.server.reset(env)
         run = self._run_id("s")
         self.approver.expect(run, user_calls)
-        async with self.session(run) as mcp:
+        async with self.session(run, task.PROMPT) as mcp:
             for call in user_calls[: facts.read_at + 1]:
                 await self._call(mcp, call)
             # AgentDojo leaves a few injection tasks without a ground truth: eval/attacks.py

@@ -196,3 +196,17 @@ async def test_a_large_answer_is_recorded_off_the_loop_and_still_found(
     assert held.taint is not None and "argument to appears" in held.taint
     free = await gate(taints, policy, ("send_mail", {"to": "alice@example.com"}))
     assert free.taint is None
+
+
+async def test_a_value_the_token_vouches_for_is_not_held(taints: Taints, policy: Policy) -> None:
+    """The orchestrator minted the run's token with the user's request (claim ``vouched``):
+    an address the user typed goes on although the mail the run read names it too."""
+    await read(taints, policy, INJECTED)
+    call = await call_of(policy, ("send_mail", {"to": "Mark@Evil.example"}), rid="r9")
+    assert call.claims is not None
+    call.claims.extra["vouched"] = "Please write to mark@evil.example about the invoice"
+    assert (await run_stages(call, TaintGate(taints))).taint is None
+    other = await call_of(policy, ("send_mail", {"to": "mark@evil.example"}), rid="r10")
+    assert other.claims is not None
+    other.claims.extra["vouched"] = "Please write to alice@example.com"
+    assert (await run_stages(other, TaintGate(taints))).taint is not None

@@ -244,7 +244,8 @@ def _head(
         if seen is not None:
             if seen.in_name(name):
                 continue
-            value = _masked_text(value, seen)
+            if len(value) >= seen.shortest:  # (latin-1: one byte per character)
+                value = _masked_text(value, seen)
         headers.append((name, value))
     headers.append(("X-Request-Id", call.request_id))
     return reason, headers

@@ -105,6 +105,7 @@ class Call:
     injection: Injection | None = None  # inject
     audit_decided: bool = False  # audit: the decision line was written before forwarding
     request_digest: BodyDigest | None = None  # audit: the forwarded body's keyed digest
+    audit_key: str | None = None  # audit: the audit key of the decision line (its digests)
     dispatched: bool = False  # dispatch: the call was handed to the transport
     deadline: float | None = None  # dispatch: loop time by which the upstream exchange ends
     response: UpstreamResponse | None = None  # dispatch

@@ -122,6 +122,9 @@ class Audit:
         trail says so), or the call is refused with ``audit_unavailable`` (fail closed)."""
         if self.decisions is None:
             return None
+        # The response's digest is made under the key of this decision line, even when the
+        # audit key changes while the call is forwarded (``BodyMac.under``).
+        call.audit_key = self.mac.kid
         try:
             pending = self.decisions.call_decided(call, audit_records(call, self.mac))
         except GatewayError as exc:

@@ -852,3 +852,18 @@ def call_records(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     if name in line:
                         record[name] = line[name]
     return out
+
+
+def with_audit_keys(lines: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The lines, each ``decision`` line (and line of format 1) given ``audit_key``: the id of
+    the key its digests are under, as the trail declared it (the ``audit_key`` of the latest
+    ``start`` checkpoint or ``key`` line before it; absent when none did). A call's outcome
+    digests are under its decision line's key, so ``call_records`` carries it to the call."""
+    current: str | None = None
+    for line in lines:
+        kind = line.get("type")
+        if kind in ("checkpoint", "key") and isinstance(line.get("audit_key"), str):
+            current = line["audit_key"]
+        elif current is not None and kind in (None, "decision"):
+            line = {**line, "audit_key": current}
+        yield line

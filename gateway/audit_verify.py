@@ -10,8 +10,11 @@ What is checked, in order, over one or more files given oldest first (a rotated 
    whose chain was recomputed breaks the first checkpoint after it;
 2b. the signing key changes only where the trail says so: a ``key`` line names the next
    key, a checkpoint signed by the key in force follows it (vouching for it), and only then
-   may the next key sign; a ``start`` checkpoint (a restart) may also bring another key,
-   which is noted as not vouched for. So a segment cannot be re-signed with a later key;
+   may the next key sign; a ``start`` checkpoint of a new process (not the one after a
+   ``rotate``) may also bring another key, which is noted as not vouched for. So part of a
+   segment cannot be re-signed with another key of the JWKS (a later one, a retired one):
+   whoever holds it has to rewrite from the trail's first line, or from a restart, which
+   the anchor and the files given before catch;
 3. the tail: the trail ends with a ``shutdown`` checkpoint, or the caller says the tail may
    be open (after a crash); lines after the last checkpoint are covered by no signature;
 4. with an anchor: the latest checkpoint the anchor holds for these gateways is in the
@@ -241,7 +244,9 @@ def _key_in_force(report: Report, walk: _Walk, kid: str, kind: str) -> str | Non
     if kid == walk.vouched:
         walk.kid, walk.vouched = kid, None
         return None
-    if kind == "start":
+    if kind == "start" and walk.last_kind != "rotate":
+        # A process that started with another key (after a shutdown or a crash). A rotated
+        # file continues the same process: its start checkpoint keeps the key in force.
         file, number = walk.position
         report.notes.append(
             f"{file}:{number}: the signing key changed from {walk.kid} to {kid} at a restart, "

@@ -346,7 +346,7 @@ def test_a_trail_that_cannot_be_written_keeps_the_keys_until_the_change_is_recor
 # --- an attacker who can write the key files, the JWKS and the trail -----------------------
 
 
-def _resign(raw: list[bytes], start: int, signer: CheckpointSigner, edit: int) -> list[bytes]:
+def resign(raw: list[bytes], start: int, signer: CheckpointSigner, edit: int) -> list[bytes]:
     """Edit line ``edit`` and recompute the chain from it, signing every checkpoint from
     ``start`` on with ``signer`` (its kid written in): what holding that key allows."""
     out = list(raw)
@@ -389,7 +389,7 @@ def test_a_swapped_in_key_cannot_re_sign_an_earlier_segment(tmp_path: Path) -> N
     # attacker's key: the first re-signed checkpoint is not the key in force, and no key line
     # vouched for by it named the attacker's key there.
     edit = 2
-    forged = _resign(raw, start=edit, signer=attacker, edit=edit)
+    forged = resign(raw, start=edit, signer=attacker, edit=edit)
     s.path.write_bytes(b"\n".join(forged) + b"\n")
     report = s.verify()
     first_checkpoint_after = next(
@@ -407,7 +407,7 @@ def test_a_swapped_in_key_cannot_re_sign_an_earlier_segment(tmp_path: Path) -> N
         x.replace(b'"kid_before":"' + old_kid, b'"kid_before":"' + attacker.kid.encode())
         for x in raw
     ]
-    whole = _resign(agreeing, start=0, signer=attacker, edit=edit)
+    whole = resign(agreeing, start=0, signer=attacker, edit=edit)
     s.path.write_bytes(b"\n".join(whole) + b"\n")
     assert s.verify().ok  # honest: the trail alone does not prove which key was first
     report = verify_trail([s.path], load_verify_keys(s.jwks), anchor=read_anchor(str(anchor)))
@@ -510,3 +510,29 @@ async def test_keys_change_while_concurrent_calls_flow_through_the_gateway(
 def request_id(echoed: dict[str, Any]) -> str:
     """The request id the gateway sent upstream, as the echo server saw it."""
     return next(v for k, v in echoed["headers"].items() if k.lower() == "x-request-id")
+
+
+def test_a_rotated_file_cannot_be_re_signed_from_its_start_with_another_key(
+    tmp_path: Path,
+) -> None:
+    s = Setup(tmp_path, rotate_size=10**9)
+    s.trail.open()
+    s.call()
+    s.trail.rotate(move=True)
+    for _ in range(5):
+        s.call()
+    s.trail.close()
+    [earlier] = sorted(tmp_path.glob("audit.jsonl.2*"))
+    raw = s.path.read_bytes().splitlines()
+    # The attacker's key is in the JWKS (it was swapped in and published, say) and the whole
+    # current file is rewritten under it, its first line still continuing the earlier file.
+    attacker = CheckpointSigner(ed25519.Ed25519PrivateKey.generate())
+    attacker.publish(s.jwks)
+    s.path.write_bytes(b"\n".join(resign(raw, start=0, signer=attacker, edit=2)) + b"\n")
+    report = verify_trail([earlier, s.path], load_verify_keys(s.jwks))
+    assert report.problem is not None
+    assert (report.problem.file, report.problem.line) == (str(s.path), 1)
+    assert "re-signed with another key" in report.problem.message
+    # Given alone, the file cannot show it, and the verdict says what was not checked.
+    alone = verify_trail([s.path], load_verify_keys(s.jwks))
+    assert alone.ok and any("earlier file not given" in n for n in alone.notes)

@@ -129,6 +129,10 @@ class Audit:
             pending = self.decisions.call_decided(call, audit_records(call, self.mac))
         except GatewayError as exc:
             call.error = exc
+            if not call.audit_decided:
+                # No line written: the refusal's own line, later, digests under the key in
+                # force then (the audit key may change in between).
+                call.request_digest = call.audit_key = None
             return None
         return None if pending is None else _settled(call, pending)
 

@@ -536,3 +536,14 @@ def test_a_rotated_file_cannot_be_re_signed_from_its_start_with_another_key(
     # Given alone, the file cannot show it, and the verdict says what was not checked.
     alone = verify_trail([s.path], load_verify_keys(s.jwks))
     assert alone.ok and any("earlier file not given" in n for n in alone.notes)
+
+
+def test_kept_audit_keys_are_masked_in_a_sandbox(settings: Settings) -> None:
+    from gateway.commands.sandbox import gateway_files
+
+    assert settings.audit is not None
+    key = settings.audit.with_name(settings.audit.name + ".key")
+    kept = settings.audit.with_name(settings.audit.name + ".key.20261206")
+    put_audit_key(kept, os.urandom(32))
+    hidden = gateway_files(settings, None, None)
+    assert key.resolve() in hidden and kept.resolve() in hidden

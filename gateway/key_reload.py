@@ -1,8 +1,8 @@
 """Key files that change while the gateway runs: the token JWKS, the upstream signing key,
 the audit key and the audit's checkpoint signing key.
 
-All are read again when their file changes (checked on every background tick, by size and
-modification time), without a restart and without dropping a call:
+All are read again when their file changes (checked on every background tick, by inode, size
+and modification time), without a restart and without dropping a call:
 
 - **The JWKS** (the keys that may sign capability tokens). A new key is accepted at once. A
   key that left the file stops verifying tokens after ``jwks_overlap`` (default 0: at once,
@@ -14,7 +14,6 @@ modification time), without a restart and without dropping a call:
 - **The upstream signing key** (``agent-jwt`` credentials): the next credential minted uses
   the new key; credentials minted with the old one are dropped from the cache. The upstream
   should accept both keys during the change (publish both in its JWKS).
-
 - **The audit key** (keyed body digests) **and the checkpoint signing key**
   (``AuditKeyReloader``): the trail records the change where it happens (``key`` line, then a
   ``rekey`` checkpoint signed by the key in force, ``AuditTrail.change_keys``), and only then

@@ -263,6 +263,8 @@ def _key_in_force(report: Report, walk: _Walk, kid: str, kind: str) -> str | Non
 def _key_line(report: Report, walk: _Walk, record: Mapping[str, Any]) -> str | None:
     """A ``key`` line: the keys from here on (ids only); the next checkpoint vouches for it."""
     before = record.get("kid_before")
+    if before is not None and before == walk.vouched:
+        walk.kid, walk.vouched = before, None  # it took over with no checkpoint yet
     if walk.kid is not None and before is not None and before != walk.kid:
         return (
             f"key line says checkpoints were signed by {before}, but the key in force is "

@@ -547,3 +547,22 @@ def test_kept_audit_keys_are_masked_in_a_sandbox(settings: Settings) -> None:
     put_audit_key(kept, os.urandom(32))
     hidden = gateway_files(settings, None, None)
     assert key.resolve() in hidden and kept.resolve() in hidden
+
+
+def test_changes_in_quick_succession_verify(tmp_path: Path) -> None:
+    s = Setup(tmp_path, checkpoint_lines=1000)
+    s.trail.open()
+    s.call()
+    first = put_signing_key(s.signing_file)
+    s.reloader.tick()
+    put_audit_key(s.key_file, os.urandom(32))  # the next change before any other checkpoint
+    s.reloader.tick()
+    second = put_signing_key(s.signing_file)
+    s.reloader.tick()
+    s.call()
+    s.trail.close()
+    report = s.verify()
+    assert report.ok, report.problem
+    changes = [(x["kid_before"], x["kid"]) for x in s.lines() if x["type"] == "key"]
+    assert changes[1:] == [(first, first), (first, second)]
+    assert len(report.audit_keys) == 2 and s.trail.signer.kid == second  # type: ignore[union-attr]

@@ -146,6 +146,9 @@ class Audit:
         trail says so), or the call is refused with ``audit_unavailable`` (fail closed)."""
         if self.decisions is None:
             return None
+        # The response's digest is made under the key of this decision line, even when the
+        # audit key changes while the call is forwarded (``BodyMac.under``).
+        call.audit_key = self.mac.kid
         records = audit_records(call, self.mac)
         if len(records) == 1 and "mcp" not in records[0]:
             call.decided_records = records
@@ -153,6 +156,11 @@ class Audit:
             pending = self.decisions.call_decided(call, records)
         except GatewayError as exc:
             call.error = exc
+            if not call.audit_decided:
+                # No line written: the refusal's own line, later, digests under the key in
+                # force then (the audit key may change in between).
+                call.request_digest = call.audit_key = None
+                call.decided_records = None
             return None
         return None if pending is None else _settled(call, pending)
 

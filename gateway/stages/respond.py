@@ -326,7 +326,9 @@ class Respond:
             and call.method != "HEAD"
             and upstream.status not in NO_BODY_STATUSES
         ):
-            return await _respond_small(call, upstream, drop | {"content-length"}, seen, self.mac)
+            return await _respond_small(
+                call, upstream, drop | {"content-length"}, seen, self.mac.under(call.audit_key)
+            )
         chunks = _limited(upstream.iter_chunks(), call, limit)
         return await self._stream(call, upstream, chunks, drop, seen)
 
@@ -353,7 +355,7 @@ class Respond:
         out = web.StreamResponse(status=upstream.status, reason=reason, headers=headers)
         call.status = upstream.status
         scrub = Scrubber(seen) if seen is not None else None
-        hasher = self.mac.stream()
+        hasher = self.mac.under(call.audit_key).stream()
         try:
             await out.prepare(request)
             call.streaming = True
@@ -445,7 +447,7 @@ class Respond:
                     body = seen.mask(body)
                 if not body.strip():
                     raise BodyInvalid("the MCP server's answer is empty")
-                call.response_digest = self.mac.of(body)
+                call.response_digest = self.mac.under(call.audit_key).of(body)
                 await stream.send(body)
                 return
             await self._relay_events(call, stream, chunks, seen)
@@ -460,7 +462,7 @@ class Respond:
         seen: Reflections | None,
     ) -> None:
         scrub = Scrubber(seen) if seen is not None else None
-        hasher = self.mac.stream()
+        hasher = self.mac.under(call.audit_key).stream()
         written = False
         try:
             async for chunk in chunks:

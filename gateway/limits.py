@@ -16,6 +16,7 @@ checked and counted in one atomic script. Rates themselves are in ``rates.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -31,11 +32,15 @@ def _q(part: str) -> str:
     return quote(part, safe="")
 
 
+# Keys are asked for on every limited call, for a few agents and rules: remembered, not
+# percent-encoded again each time.
+@functools.lru_cache(maxsize=16384)
 def rate_key(agent: str, rule_id: str) -> str:
     """The limiter key for one agent's calls to one rule."""
     return f"{_q(agent)}:{_q(rule_id)}"
 
 
+@functools.lru_cache(maxsize=16384)
 def attempts_key(agent: str, rule_id: str) -> str:
     """The limiter key for one agent's attempts at one rule (a rule id never holds an
     unencoded ':', so this key is no rate key's)."""

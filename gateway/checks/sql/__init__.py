@@ -42,7 +42,8 @@ Why each check exists is written in the module that does it (see /work/shared/PI
 ``sqlite_tokens`` SQLite's tokens, for the LIMIT only, confirmed by ``sqlite3_complete``
 ``limits``      the bounds on one call's work and on the caches
 ``options``     dialects, statement kinds, opt-in families, default functions
-``names``       table, column and function names, normalised per dialect
+``names``       table, column and function names, normalised per dialect (PostgreSQL and
+                SQLite: plain names read without sqlglot, equal to its reading)
 ``violations``  denial categories, violations, and the ``SqlDenied`` they become
 ``cache``       the bounded LRU map behind the parse and verdict caches
 ``lexing``      (MySQL) the raw text and sqlglot's tokens: measured, refused where MySQL lexes
@@ -52,7 +53,7 @@ Why each check exists is written in the module that does it (see /work/shared/PI
                 it resolves them to ``SqlRules``, what the rules read
 ``statement``   ``Statement``: one statement under check, what the rules read and record
 ``rules/``      one module per rule family: statements, functions, tables, columns, limit
-``driver``      (MySQL) the checks of one sqlglot statement, running ``rules/`` in order
+``driver``      (MySQL) sqlglot's reading of a text: each statement checked, ``rules/`` in order
 ``policy``      ``SqlPolicy`` (``SqlRules`` with ``check`` and the verdict cache), ``SqlVerdict``
 ``adapter``     ``SqlBodyCheck``: where the SQL is in a call
 ``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at

@@ -1,9 +1,10 @@
 """``SqlPolicy``: one rule's compiled ``sql:`` settings, and the check of a text against them.
 
 ``SqlPolicy`` is the ``SqlRules`` that ``SqlSettings`` resolve to, with a rule id and a verdict
-cache. ``check`` measures the text, parses it (``parsing``), runs the checks of each statement
-(``driver``) and remembers the verdict per text in a bounded cache. Any unexpected error
-while checking denies the call (``Denial.UNCHECKED``).
+cache. ``check`` measures the text, has the dialect's authority read it (``sqlite``,
+``postgres``, or sqlglot: ``driver.read``, loaded when the first policy of its dialect is
+built) and remembers the verdict per text in a bounded cache. Any unexpected error while
+checking denies the call (``Denial.UNCHECKED``).
 
 Regenerating SQL can change its meaning, so the checked text itself is forwarded; an appended
 LIMIT is added to the text and the new text is parsed and checked again.

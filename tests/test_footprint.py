@@ -22,6 +22,9 @@ HEAVY = (
     "jsonschema",
     "redis",
     "rfc3987_syntax",
+    "isoduration",
+    "arrow",
+    "rfc3986_validator",
     "prometheus_client",
     "opentelemetry.sdk",
 )
@@ -92,10 +95,10 @@ def test_a_plain_http_policy_loads_no_sql_schema_or_redis_library(
 def test_the_example_policy_loads_what_its_rules_use(
     base_workspace: Workspace, tmp_path: Path
 ) -> None:
-    """JSON Schemas bring jsonschema; its SQL rules are SQLite's, read by SQLite's compiler
-    (names included), so neither sqlglot nor PostgreSQL's parser loads; the memory state never
-    brings redis, no rule asks for an iri format, and with telemetry off (the default) the
-    OpenTelemetry SDK is not loaded."""
+    """JSON Schemas bring jsonschema (not the libraries of formats its schemas do not name);
+    its SQL rules are SQLite's, read by SQLite's compiler (names included), so neither sqlglot
+    nor PostgreSQL's parser loads; the memory state never brings redis, and with telemetry off
+    (the default) the OpenTelemetry SDK is not loaded."""
     found = loaded(base_workspace, base_workspace.policy, tmp_path)
     assert found == ["jsonschema"]
 

@@ -21,15 +21,16 @@ _FUNCTION_TEXT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 
 # --- names read without sqlglot -------------------------------------------------------------
 #
-# sqlglot reads a name of the policy file (``_sqlglot_parts``) the way its PostgreSQL and SQLite
-# readers read SQL; loading it costs ~30 MiB and ~0.1 s, so a SQLite or PostgreSQL policy (whose
-# SQL PostgreSQL's parser or SQLite's compiler reads) would load it for its names alone. The
-# names whose reading by sqlglot is plain are read here instead, and every other name by sqlglot
-# itself (imported then): a part that is a quoted identifier, or a bare word of ASCII letters,
-# digits and '_' that is no keyword and no start of one. A word sqlglot's tokenizer may read as
-# something else is any prefix of ``_SQLGLOT_WORDS``: the leading word of every keyword, comment
-# and string prefix of sqlglot's PostgreSQL and SQLite tokenizers (tests/checks/test_sql_names.py
-# checks the list against the installed sqlglot, and that both readings agree on every name).
+# sqlglot reads a name of the policy file (``sqlglot_table_name`` and its siblings below) the
+# way its PostgreSQL and SQLite readers read SQL; loading it costs ~30 MiB and ~0.1 s, so a
+# SQLite or PostgreSQL policy (whose SQL PostgreSQL's parser or SQLite's compiler reads) would
+# load it for its names alone. The names whose reading by sqlglot is plain are read here
+# instead, and every other name by sqlglot itself (imported then): a part that is a quoted
+# identifier, or a bare word of ASCII letters, digits and '_' that is no keyword and no start
+# of one. A word sqlglot's tokenizer may read as something else is any prefix of
+# ``_SQLGLOT_WORDS``: the leading word of every keyword, comment and string prefix of sqlglot's
+# PostgreSQL and SQLite tokenizers (tests/checks/test_sql_names.py checks the list against the
+# installed sqlglot, and that both readings agree on every name).
 _SQLGLOT_WORDS = """
 0X ALL ALTER ANALYZE AND ANTI ANY APPLY ARRAY AS ASC ASOF ATTACH AUTOINCREMENT
 AUTO_INCREMENT B BEGIN BETWEEN BIGDECIMAL BIGINT BIGNUM BIGNUMERIC BIGSERIAL BINARY BIT BLOB

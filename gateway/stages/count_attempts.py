@@ -26,11 +26,11 @@ class CountAttempts:
     def __call__(self, call: Call) -> Awaitable[None] | None:
         """Counted without a coroutine while the store answers at once (its own buckets, or
         a lease of tokens); from the first operation it cannot, the rest are awaited."""
-        assert call.claims is not None
         for index, op in enumerate(call.operations):
             if not op.governed or op.match is None or op.match.rule.attempts is None:
                 continue
             rule = op.match.rule
+            assert call.claims is not None
             try:
                 if not self.limiter.check_attempt_now(
                     self.state, agent=call.claims.agent, rule_id=rule.id, attempts=rule.attempts

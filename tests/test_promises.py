@@ -1,0 +1,292 @@
+"""Promises of README.md and docs/*.md that had no test of their own (docs/promises.md lists
+every promise and the test that guards it; tests/test_promises_index.py keeps that list true).
+
+Each test runs the real parts: the gateway's agents' listener on loopback, the mock upstreams
+(the MCP one is the ``mcp`` package's own server), a real redis-server where the promise is
+about the shared store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.app import build_gateway
+from gateway.config import Settings
+from mocks.demo import Workspace
+from tests.conftest import ROOT, Mocks
+
+PROBLEM = "application/problem+json"
+MCP_ACCEPT = "application/json, text/event-stream"
+
+
+def bearer(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+def _rpc(msg_id: int, method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
+
+
+async def _open_session(client: Any, tok: str) -> str:
+    """``initialize`` through the gateway; the MCP server's session id."""
+    init = _rpc(
+        1,
+        "initialize",
+        protocolVersion="2025-06-18",
+        capabilities={},
+        clientInfo={"name": "promises", "version": "0"},
+    )
+    resp = await client.post("/tools/mcp", json=init, headers={**bearer(tok), "Accept": MCP_ACCEPT})
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    session = resp.headers.get("Mcp-Session-Id")
+    assert session, "the MCP server opened no session"
+    return session
+
+
+# --- README "MCP servers": sessions belong to their agent ------------------------------------
+
+
+async def test_an_mcp_session_is_its_agents_and_an_unknown_one_is_404(
+    client: Any, token: Any, mocks: Mocks
+) -> None:
+    """README: "A session (``Mcp-Session-Id``) belongs to the agent that opened it through
+    this gateway; another agent's is refused, an unknown one gets 404"."""
+    owner = token("mcp-owner", ["mcp-agent"])
+    session = await _open_session(client, owner)
+    headers = {"Accept": MCP_ACCEPT, "Mcp-Session-Id": session}
+    own = await client.post(
+        "/tools/mcp", json=_rpc(2, "tools/list"), headers={**bearer(owner), **headers}
+    )
+    assert own.status == 200
+    await own.read()
+    mocks.clear()
+    intruder = token("mcp-intruder", ["mcp-agent"])
+    resp = await client.post(
+        "/tools/mcp", json=_rpc(3, "tools/list"), headers={**bearer(intruder), **headers}
+    )
+    assert resp.status == 403
+    body = await resp.json(content_type=PROBLEM)
+    assert body["reason"] == "mcp_denied" and "another agent" in body["detail"]
+    unknown = await client.post(
+        "/tools/mcp",
+        json=_rpc(4, "tools/list"),
+        headers={**bearer(owner), "Accept": MCP_ACCEPT, "Mcp-Session-Id": "never-opened-0001"},
+    )
+    assert unknown.status == 404
+    assert (await unknown.json(content_type=PROBLEM))["reason"] == "mcp_session_unknown"
+    assert mocks.requests("mcp") == [], "a refused session reached the MCP server"
+
+
+# --- README "MCP servers": routing headers -----------------------------------------------------
+
+
+async def test_mcp_routing_headers_must_agree_and_mcp_param_headers_stay_behind(
+    client: Any, token: Any, mocks: Mocks
+) -> None:
+    """README: "``Mcp-Method`` and ``Mcp-Name`` pass (must agree with the body ...);
+    ``Mcp-Param-*`` headers are not forwarded"."""
+    tok = token("mcp-routing", ["mcp-agent"])
+    session = await _open_session(client, tok)
+    headers = {**bearer(tok), "Accept": MCP_ACCEPT, "Mcp-Session-Id": session}
+    call = _rpc(5, "tools/call", name="get_order", arguments={"order_id": 1})
+    mocks.clear()
+    wrong_name = await client.post(
+        "/tools/mcp",
+        json=call,
+        headers={**headers, "Mcp-Method": "tools/call", "Mcp-Name": "search_orders"},
+    )
+    assert (await wrong_name.json())["error"]["data"]["reason"] == "body_invalid"
+    twice = await client.post(
+        "/tools/mcp",
+        json=call,
+        headers=[*headers.items(), ("Mcp-Method", "tools/call"), ("Mcp-Method", "tools/call")],
+    )
+    assert (await twice.json())["error"]["data"]["reason"] == "body_invalid"
+    assert mocks.requests("mcp") == [], "a call whose headers disagree reached the server"
+    agreeing = await client.post(
+        "/tools/mcp",
+        json=call,
+        headers={
+            **headers,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "get_order",
+            "Mcp-Param-Order-Id": "1",
+        },
+    )
+    assert agreeing.status == 200
+    await agreeing.read()
+    [sent] = [r for r in mocks.requests("mcp") if r["method"] == "POST"]
+    names = {k.lower(): v for k, v in sent["headers"].items()}
+    assert names.get("mcp-method") == "tools/call" and names.get("mcp-name") == "get_order"
+    assert not [k for k in names if k.startswith("mcp-param-")], names
+
+
+# --- README "Pause and stop": the refusal names what is paused, never who or why -------------
+
+
+async def test_a_pause_refusal_names_what_is_paused_never_who_or_why(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    mocks: Mocks,
+    tmp_path: Path,
+    token: Any,
+) -> None:
+    """README: "The refusal names what is paused, never who paused it or why"."""
+    s = dataclasses.replace(settings, audit=tmp_path / "audit.jsonl", pause_hold=0.2)
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    await gw.pause("run", "run-secretive", until=None, by="ops-carol-7731", reason="fraud-4412")
+    resp = await client.get("/echo/echo/x", headers=bearer(token("tester", run="run-secretive")))
+    assert resp.status == 503
+    text = await resp.text()
+    assert json.loads(text)["reason"] == "agent_paused"
+    assert "run-secretive" in json.loads(text)["detail"]
+    shown = text + json.dumps(dict(resp.headers))
+    assert "ops-carol-7731" not in shown and "fraud-4412" not in shown
+    assert mocks.requests("echo") == []
+
+
+# --- README "Errors": the table of reasons is the code's --------------------------------------
+
+
+def _readme_reasons() -> dict[str, set[str]]:
+    """The README's table of reason codes: reason -> the statuses it gives."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        m = re.match(r"\| `([a-z_]+)` \| ([^|]+) \|", line)
+        if m:
+            table.setdefault(m.group(1), set()).update(re.findall(r"\d{3}", m.group(2)))
+    return table
+
+
+def test_the_readme_table_of_reasons_is_the_codes_and_statuses_of_the_code() -> None:
+    """README: "``reason`` is a stable code (added to, never renamed)", and the table that
+    lists them with their status: every code the gateway answers with is in the table with
+    its status, and the table names no code the gateway does not have."""
+    from gateway.errors import GatewayError, Reason
+
+    table = _readme_reasons()
+    assert len(table) >= 30, table
+    codes = {r.value for r in Reason}
+    assert set(table) - codes == set(), "the README names codes the gateway does not have"
+    missing = codes - set(table) - {"allowed"}
+    assert missing == set(), f"codes the README's table does not list: {sorted(missing)}"
+
+    def classes(cls: type[GatewayError]) -> list[type[GatewayError]]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in classes(sub))]
+
+    for cls in classes(GatewayError):
+        reason = getattr(cls, "reason", None)
+        status = getattr(cls, "status", None)
+        if not isinstance(reason, Reason) or not isinstance(status, int):
+            continue
+        if reason.value in table and reason.value != "client_closed":
+            assert str(status) in table[reason.value], (cls.__name__, status, table[reason.value])
+
+
+# --- README "Observability": at most 2000 call series ----------------------------------------
+
+
+async def test_call_series_past_the_cap_are_counted_under_other(
+    serve_gateway: Any, gateway: Any, workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: "At most 2000 call series are kept; further combinations are counted under
+    ``(other)``" (the cap lowered to 3 here, so that three rules fill it)."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from gateway import telemetry as telemetry_module
+    from gateway.telemetry import OTHER, Plan, Telemetry
+
+    monkeypatch.setattr(telemetry_module, "MAX_SERIES", 3)
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(Plan(), metric_readers=[reader])
+    observers = tuple(o for o in gateway.observers if not isinstance(o, Telemetry))
+    gw = dataclasses.replace(gateway, telemetry=telemetry, observers=(*observers, telemetry))
+    client = await serve_gateway(gw)
+    tester = bearer(workspace.token("tester", ["tester"]))
+    sre = bearer(workspace.token("sre-bot", ["sre-diagnostics"]))
+    calls = [
+        ("/echo/echo/x", tester),
+        ("/metrics/metrics/cpu?window=5m", sre),
+        ("/metrics/metrics/cpu?window=7m", sre),
+        ("/logs/logs/application?level=info", sre),
+        ("/logs/logs/application?level=loud", sre),
+        ("/metrics/metrics/cpu?zone=1", tester),
+    ]
+    for path, auth in calls:
+        await (await client.get(path, headers=auth)).read()
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "capgate.calls"
+        for p in m.data.data_points
+    ]
+    named = [p for p in points if p.attributes.get("rule") != OTHER]
+    other = [p for p in points if p.attributes.get("rule") == OTHER]
+    assert len(named) == 3, [p.attributes for p in named]
+    assert sum(p.value for p in points) == len(calls)
+    assert sum(p.value for p in other) == len(calls) - 3
+    assert all(p.attributes["upstream"] == OTHER and p.attributes["reason"] == OTHER for p in other)
+    assert len(other) <= 2  # one per decision: the agent cannot add series past the cap
+
+
+# --- README "Untrusted content": a store that cannot be read counts as tainted ---------------
+
+
+async def test_a_taint_store_that_cannot_be_read_counts_as_tainted(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    mocks: Mocks,
+    redis_server: Any,
+) -> None:
+    """README: "A store that cannot be read counts as tainted (fail closed)": with Redis
+    gone, a sensitive call of a run that never read anything untrusted is refused as tainted,
+    even on a rule that lets the call through a state error (``on_state_error: allow``)."""
+    text = policy_file.read_text()
+    rule = "      - id: restart-service\n"
+    assert rule in text
+    text = text.replace("  logs:\n", "  logs:\n    trust: untrusted\n", 1).replace(
+        rule, rule + "        sensitive: true\n        when_tainted: deny\n"
+        "        on_state_error: allow\n", 1
+    )  # fmt: skip
+    path = policy_file.with_name("tainting-fail-closed.yaml")
+    path.write_text(text)
+    s = dataclasses.replace(settings, policy=path, state=redis_server.url)
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    mocks.clear()
+
+    async def restart(run: str) -> Any:
+        auth = bearer(workspace.token("sre-bot", ["sre-diagnostics"], run=run))
+        resp = await client.post(
+            "/services/services/restart", json={"service": "web"}, headers=auth
+        )
+        await resp.read()
+        return resp
+
+    assert (await restart("run-clean-1")).status == 200  # the store answers: not tainted
+    redis_server.close()
+    await asyncio.sleep(0.3)
+    resp = await restart("run-clean-2")
+    assert resp.status == 403, await resp.text()
+    body = await resp.json(content_type=PROBLEM)
+    assert body["reason"] == "run_tainted"
+    assert "could not be read" in body["detail"]
+    assert len(mocks.requests("services")) == 1, "a sensitive call went out unchecked"

@@ -290,3 +290,90 @@ async def test_a_taint_store_that_cannot_be_read_counts_as_tainted(
     assert body["reason"] == "run_tainted"
     assert "could not be read" in body["detail"]
     assert len(mocks.requests("services")) == 1, "a sensitive call went out unchecked"
+
+
+# --- docs/audit.md "Keeping the trail": the mirror --------------------------------------------
+
+
+def test_a_new_audit_file_continues_the_mirrors_chain_and_a_foreign_mirror_is_moved_aside(
+    tmp_path: Path,
+) -> None:
+    """docs/audit.md: "A new sandbox whose audit file is empty continues the mirror's chain; a
+    mirror holding another chain is moved aside (``PATH.<time>``) and a new one started"."""
+    from gateway.audit_sign import CheckpointSigner, load_verify_keys
+    from gateway.audit_trail import AuditTrail, TrailOptions
+    from gateway.audit_verify import verify_trail
+
+    signer = CheckpointSigner.load_or_create(tmp_path / "k.pem")
+    signer.publish(tmp_path / "jwks.json")
+    keys = load_verify_keys(tmp_path / "jwks.json")
+    mirror = tmp_path / "keep" / "audit.jsonl"
+
+    def run(primary: Path, ids: list[str]) -> None:
+        trail = AuditTrail(primary, TrailOptions(mirror=mirror), signer=signer)
+        trail.open()
+        for request_id in ids:
+            trail.append({"v": 2, "type": "decision", "request_id": request_id})
+        trail.close()
+        assert trail.error is None
+
+    run(tmp_path / "sandbox-1" / "audit.jsonl", ["1", "2"])
+    run(tmp_path / "sandbox-2" / "audit.jsonl", ["3"])  # a new sandbox: its file is empty
+    whole = verify_trail([mirror], keys)
+    assert whole.ok, whole.problem
+    ids = [json.loads(x).get("request_id") for x in mirror.read_text().splitlines()]
+    assert [i for i in ids if i] == ["1", "2", "3"]
+    assert verify_trail([tmp_path / "sandbox-2" / "audit.jsonl"], keys).ok  # continues it
+    kept = mirror.read_bytes()
+    # A primary with a chain of its own, then opened with this mirror: the mirror is kept
+    # aside, whole, and a fresh mirror follows the primary's chain.
+    other = tmp_path / "sandbox-3" / "audit.jsonl"
+    trail = AuditTrail(other, TrailOptions(), signer=signer)
+    trail.open()
+    trail.append({"v": 2, "type": "decision", "request_id": "other"})
+    trail.close()
+    run(other, ["4"])
+    [aside] = [p for p in mirror.parent.iterdir() if p.name.startswith("audit.jsonl.")]
+    assert re.fullmatch(r"audit\.jsonl\.\d{8}T\d{6}Z(\.\d+)?", aside.name), aside.name
+    assert aside.read_bytes() == kept
+    assert verify_trail([aside], keys).ok
+    fresh = [json.loads(x).get("request_id") for x in mirror.read_text().splitlines()]
+    assert [i for i in fresh if i] == ["4"]
+    assert verify_trail([mirror], keys).ok  # a fresh start, chained to the primary
+
+
+# --- docs/audit.md "What anchors the tail": a slow anchor never holds a call -----------------
+
+
+async def test_a_slow_anchor_never_holds_a_call(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    mocks: Mocks,
+    tmp_path: Path,
+    token: Any,
+) -> None:
+    """docs/audit.md: "Publication runs in its own thread and keeps only the latest pending
+    checkpoint: a slow or down anchor never holds a call (health shows
+    ``audit.anchor.error``)". Here the anchor command takes 3 s per checkpoint and every
+    second line is a checkpoint."""
+    from gateway.audit_anchor import AnchorSpec
+
+    s = dataclasses.replace(
+        settings,
+        audit=tmp_path / "audit.jsonl",
+        audit_anchor=AnchorSpec.parse("exec:sleep 3"),
+        audit_checkpoint_lines=2,
+    )
+    gw = build_gateway(s, workspace.environ())
+    client = await serve_gateway(gw)
+    auth = bearer(token("tester"))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for _ in range(8):
+        resp = await client.get("/echo/echo/x", headers=auth)
+        assert resp.status == 200
+        await resp.read()
+    assert loop.time() - began < 2.5, "calls waited for the anchor"
+    health = await (await client.get("/_capgate/health")).json()
+    assert health["audit"]["anchor"]["target"].startswith("exec:")

@@ -377,3 +377,106 @@ async def test_a_slow_anchor_never_holds_a_call(
     assert loop.time() - began < 2.5, "calls waited for the anchor"
     health = await (await client.get("/_capgate/health")).json()
     assert health["audit"]["anchor"]["target"].startswith("exec:")
+
+
+# --- README "Operators": the operators file is read again when it changes ----------------------
+
+
+async def _status_within(admin: Any, token: str, want: int, seconds: float = 5.0) -> int:
+    status = 0
+    for _ in range(int(seconds / 0.05)):
+        resp = await admin.get("/whoami", headers=bearer(token))
+        status = resp.status
+        await resp.read()
+        if status == want:
+            break
+        await asyncio.sleep(0.05)
+    return status
+
+
+async def test_a_running_gateway_reads_the_operators_file_again_when_it_changes(
+    aiohttp_client: Any,
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    tmp_path: Path,
+) -> None:
+    """README: "The operators file holds SHA-256 digests of their tokens, never the tokens;
+    it is read again when it changes" (by the gateway's own background loop: nothing here
+    calls ``reload``), and a file that no longer reads keeps the operators in force."""
+    from gateway.admin import create_admin_app
+    from gateway.operators import add_operator, remove_operator
+
+    file = tmp_path / "operators.yaml"
+    vera = add_operator(file, "vera", "viewer")
+    s = dataclasses.replace(settings, admin_port=0, operators_file=file)
+    gw = build_gateway(s, workspace.environ())
+    await serve_gateway(gw)  # runs the background loop (every reload_interval, 0.2 s)
+    assert gw.operators is not None
+    admin = await aiohttp_client(create_admin_app(gw, gw.operators))
+    assert await _status_within(admin, vera, 200) == 200
+    nora = add_operator(file, "nora", "admin")
+    assert nora not in file.read_text()
+    assert await _status_within(admin, nora, 200) == 200
+    who = await (await admin.get("/whoami", headers=bearer(nora))).json()
+    assert (who["name"], who["role"]) == ("nora", "admin")
+    remove_operator(file, "vera")
+    assert await _status_within(admin, vera, 401) == 401
+    file.write_text("operators: [this is not a mapping\n")
+    await asyncio.sleep(0.6)
+    assert await _status_within(admin, nora, 200, seconds=0.2) == 200  # still in force
+
+
+# --- README "In scripts and CI": --json on every command a script reads -----------------------
+
+
+def _example_trail(tmp_path: Path) -> Path:
+    from gateway.audit_sign import CheckpointSigner
+    from gateway.audit_trail import AuditTrail, TrailOptions
+
+    audit = tmp_path / "audit.jsonl"
+    signer = CheckpointSigner.load_or_create(tmp_path / "audit.jsonl.signing.pem")
+    signer.publish(tmp_path / "audit.jsonl.jwks.json")
+    trail = AuditTrail(audit, TrailOptions(), signer=signer)
+    trail.open()
+    trail.append({"v": 2, "type": "decision", "request_id": "r1", "agent": "a"})
+    trail.close()
+    return audit
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["policy", "check", "policies/example.yaml"],
+        ["policy", "test", "--policy", "policies/example.yaml"],
+        ["policy", "lint", "policies/example.yaml"],
+        ["recording", "lint", "recordings/example"],
+        ["audit", "verify", "{audit}"],
+        ["audit", "query", "{audit}"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_command_a_script_reads_prints_one_json_object_with_json(
+    argv: list[str], tmp_path: Path
+) -> None:
+    """README: "Every command a script reads has ``--json`` (one JSON object on stdout):
+    ``policy check``, ``policy test``, ``policy lint``, ``recording lint``, ``audit verify``
+    ... and ``audit query``", with exit status 0 for a good input. Run as ``capgate`` runs:
+    ``python -m gateway`` in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    audit = _example_trail(tmp_path)
+    args = [a.replace("{audit}", str(audit)) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", *args, "--json"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert isinstance(json.loads(done.stdout), dict), done.stdout

@@ -480,3 +480,55 @@ def test_every_command_a_script_reads_prints_one_json_object_with_json(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert isinstance(json.loads(done.stdout), dict), done.stdout
+
+
+# --- the documented defaults -------------------------------------------------------------------
+
+
+def test_the_defaults_the_docs_state_are_the_ones_in_force() -> None:
+    """The defaults README.md and docs/policy-reference.md state, read through the real
+    loaders (settings as ``capgate serve`` reads them, a policy as the gateway loads it):
+    ``--max-connections`` 1024, ``--head-timeout`` 10 s, ``--idle-timeout`` 60 s,
+    ``--approvals-per-agent`` 10, ``--approval-timeout`` 5 minutes, ``--pause-hold`` 5
+    minutes, ``--shutdown-grace`` 10 s, ``--audit-fsync 1s``, a checkpoint every 1000 lines
+    and every 10 s, telemetry off; per upstream ``timeouts`` 5 s / 30 s / 60 s, ``limits``
+    1 MiB / 16 MiB / 64 in flight / a quarter per agent; per rule ``on_state_error: deny``,
+    ``when_tainted: approve``, ``max_length`` 1024; MCP patience 25 s and keepalive 15 s."""
+    from gateway.config import load_settings
+    from gateway.policy.load import load_policy
+
+    s = load_settings({"policy": "p.yaml", "jwks": "j.json"}, {})
+    assert (s.max_connections, s.head_timeout, s.idle_timeout) == (1024, 10.0, 60.0)
+    assert (s.approvals_per_agent, s.approval_timeout, s.pause_hold) == (10, 300.0, 300.0)
+    assert s.shutdown_grace == 10.0
+    assert (s.audit_fsync.always, s.audit_fsync.interval) == (False, 1.0)
+    assert (s.audit_checkpoint_lines, s.audit_checkpoint_interval) == (1000, 10.0)
+    assert s.traces is None and s.traces_exporter is None and s.metrics_exporter is None
+    assert s.otlp_endpoint is None and s.admin_port is None
+    policy = load_policy(
+        "p.yaml",
+        """version: 1
+upstreams:
+  web: {url: "http://127.0.0.1:9"}
+  small: {url: "http://127.0.0.1:9", limits: {concurrency: 8}}
+  tools: {url: "http://127.0.0.1:9", kind: mcp}
+roles:
+  r:
+    rules:
+      - {id: a, upstream: web, allow: GET /x, query: {q: {regex: "[a-z]+"}}}
+agents:
+  "*": [r]
+""",
+    )
+    web = policy.upstreams["web"]
+    assert (web.connect_timeout, web.read_timeout, web.total_timeout) == (5.0, 30.0, 60.0)
+    assert (web.max_request_body, web.max_response_body) == (1024**2, 16 * 1024**2)
+    assert (web.concurrency, web.per_agent) == (64, 16)
+    assert policy.upstreams["small"].per_agent == 2  # a quarter of its concurrency
+    assert web.kind == "http" and web.mcp_batches is False
+    tools = policy.upstreams["tools"]
+    assert (tools.mcp_approval_patience, tools.mcp_approval_keepalive) == (25.0, 15.0)
+    assert tools.mcp_tool_refusals == "error"
+    rule = policy.rules_by_id["a"]
+    assert (rule.on_state_error, rule.when_tainted) == ("deny", "approve")
+    assert [c.max_length for c in rule.query.values()] == [1024]

@@ -532,3 +532,78 @@ agents:
     rule = policy.rules_by_id["a"]
     assert (rule.on_state_error, rule.when_tainted) == ("deny", "approve")
     assert [c.max_length for c in rule.query.values()] == [1024]
+
+
+# --- docs/audit.md "Keys": keys read from beside the trail prove nothing, and verify says so --
+
+
+def test_verify_says_keys_read_from_beside_the_trail_prove_nothing(tmp_path: Path) -> None:
+    """docs/audit.md: "pass that copy to ``verify --jwks``: keys read from beside the trail
+    prove nothing against whoever could write both (verify says so)"."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    audit = _example_trail(tmp_path)
+    trusted = tmp_path / "trusted" / "audit.jwks.json"
+    trusted.parent.mkdir()
+    shutil.copy(tmp_path / "audit.jsonl.jwks.json", trusted)
+
+    def verify(*extra: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "audit", "verify", str(audit), "--json", *extra],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    beside = json.dumps(verify())
+    assert "prove nothing" in beside and "--jwks" in beside
+    assert "prove nothing" not in json.dumps(verify("--jwks", str(trusted)))
+
+
+async def test_mcp_routing_headers_on_a_batch_are_refused(
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    mocks: Mocks,
+    token: Any,
+) -> None:
+    """README: "``Mcp-Method``/``Mcp-Name`` must agree with the body, and are refused on
+    batches" (a batch has no one method for them to name), on an upstream that takes
+    batches, where the same batch without them is forwarded."""
+    text = policy_file.read_text()
+    tools = "  tools:\n    url: "
+    assert tools in text
+    path = policy_file.with_name("batches.yaml")
+    path.write_text(text.replace("    kind: mcp\n", "    kind: mcp\n    mcp: {batches: true}\n", 1))
+    gw = build_gateway(dataclasses.replace(settings, policy=path), workspace.environ())
+    assert gw.policy.upstreams["tools"].mcp_batches
+    client = await serve_gateway(gw)
+    tok = token("mcp-batcher", ["mcp-agent"])
+    session = await _open_session(client, tok)
+    headers = {**bearer(tok), "Accept": MCP_ACCEPT, "Mcp-Session-Id": session}
+    batch = [
+        _rpc(7, "tools/call", name="get_order", arguments={"order_id": 1}),
+        _rpc(8, "tools/call", name="get_order", arguments={"order_id": 2}),
+    ]
+    mocks.clear()
+    for named in ({"Mcp-Method": "tools/call"}, {"Mcp-Name": "get_order"}):
+        resp = await client.post("/tools/mcp", json=batch, headers={**headers, **named})
+        answers = await resp.json()
+        assert [a["id"] for a in answers] == [7, 8], answers
+        assert {a["error"]["data"]["reason"] for a in answers} == {"body_invalid"}, answers
+    assert mocks.requests("mcp") == [], "a batch with routing headers reached the server"
+    # The same batch without them is forwarded (this SDK server itself takes no batches and
+    # answers 400: what matters is that the gateway let it through).
+    plain = await client.post("/tools/mcp", json=batch, headers=headers)
+    await plain.read()
+    assert len([r for r in mocks.requests("mcp") if r["method"] == "POST"]) == 1

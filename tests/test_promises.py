@@ -607,3 +607,36 @@ async def test_mcp_routing_headers_on_a_batch_are_refused(
     plain = await client.post("/tools/mcp", json=batch, headers=headers)
     await plain.read()
     assert len([r for r in mocks.requests("mcp") if r["method"] == "POST"]) == 1
+
+
+# --- README "Untrusted content": one taint event, when the run is first tainted ----------------
+
+
+async def test_the_event_stream_announces_a_taint_once_when_the_run_is_first_tainted(
+    aiohttp_client: Any,
+    serve_gateway: Any,
+    settings: Settings,
+    workspace: Workspace,
+    policy_file: Path,
+    mocks: Mocks,
+) -> None:
+    """README: "the event stream has a ``taint`` event when a run is first tainted": three
+    untrusted reads of one run give one event, and another run's first read its own."""
+    from gateway.admin import create_admin_app
+    from tests.test_taint import LOGS, make, sre
+
+    gw, client = await make(serve_gateway, settings, workspace, policy_file)
+    admin = await aiohttp_client(create_admin_app(gw, gw.operators))
+    auth = {"Authorization": "Bearer admin-token-0123456789abcdef"}
+    events = await admin.get("/events?type=taint", headers=auth)
+    await events.content.readuntil(b"\n\n")  # the stream's opening frame
+    for run in ("run-once", "run-once", "run-once", "run-other"):
+        resp = await client.get(LOGS, headers=sre(workspace, run))
+        assert resp.status == 200
+        await resp.read()
+    frames = []
+    while not frames or b"run-other" not in frames[-1]:
+        frames.append(await asyncio.wait_for(events.content.readuntil(b"\n\n"), 2))
+    events.close()
+    taints = [f for f in frames if b"event: taint" in f]
+    assert [b"run-once" in f for f in taints] == [True, False], frames

@@ -640,3 +640,20 @@ async def test_the_event_stream_announces_a_taint_once_when_the_run_is_first_tai
     events.close()
     taints = [f for f in frames if b"event: taint" in f]
     assert [b"run-once" in f for f in taints] == [True, False], frames
+
+
+# --- README "Shared state": the audit anchor ``redis`` needs a single server --------------------
+
+
+@pytest.mark.parametrize("state", ["redis+cluster://127.0.0.1:7000", "rediss+cluster://h:7000"])
+def test_the_redis_audit_anchor_is_refused_with_a_cluster(state: str) -> None:
+    """README: "The audit anchor ``redis`` needs a single server (use ``file:`` or ``exec:``
+    in a cluster)": refused at start, naming the setting; a single server is taken."""
+    from gateway.config import load_settings
+    from gateway.errors import ConfigError
+
+    base = {"policy": "p.yaml", "jwks": "j.json", "audit_anchor": "redis"}
+    with pytest.raises(ConfigError, match="--audit-anchor"):
+        load_settings({**base, "state": state}, {})
+    single = load_settings({**base, "state": "redis://127.0.0.1:6379/0"}, {})
+    assert single.audit_anchor is not None and single.audit_anchor.kind == "redis"

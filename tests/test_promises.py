@@ -657,3 +657,60 @@ def test_the_redis_audit_anchor_is_refused_with_a_cluster(state: str) -> None:
         load_settings({**base, "state": state}, {})
     single = load_settings({**base, "state": "redis://127.0.0.1:6379/0"}, {})
     assert single.audit_anchor is not None and single.audit_anchor.kind == "redis"
+
+
+# --- README "Calling through capgate": redirects are passed back, never followed ---------------
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+async def test_a_redirect_with_a_location_is_passed_back_never_followed(
+    aiohttp_server: Any, serve_gateway: Any, workspace: Workspace, tmp_path: Path, code: int
+) -> None:
+    """README: "Redirects are passed back, never followed". The older test's mock answered
+    302 without a ``Location``, which no client follows; here the upstream sends one, to a
+    path of its own that counts its visitors, and to another origin."""
+    from aiohttp import web
+
+    from gateway.config import load_settings
+
+    visits: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        visits.append(request.path)
+        target = request.query.get("to", "/landing")
+        return web.Response(status=code, headers={"Location": target}, text="moved")
+
+    async def landing(request: web.Request) -> web.Response:
+        visits.append(request.path)
+        return web.Response(text="followed")
+
+    app = web.Application()
+    app.router.add_route("*", "/moved", moved)
+    app.router.add_route("*", "/landing", landing)
+    server = await aiohttp_server(app)
+    policy = tmp_path / "redirects.yaml"
+    policy.write_text(
+        "version: 1\nupstreams:\n"
+        f'  up: {{url: "http://127.0.0.1:{server.port}"}}\n'
+        'agents: {"*": [r]}\nroles:\n  r:\n    rules:\n'
+        "      - {id: get, upstream: up, allow: 'GET /moved', query: {to: {max_length: 200}}}\n"
+        "      - {id: post, upstream: up, allow: 'POST /moved', body: {max_size: 1KiB}}\n"
+    )
+    settings = load_settings(
+        {"policy": str(policy), "jwks": str(workspace.jwks), "audit": str(tmp_path / "a.jsonl")},
+        {},
+    )
+    client = await serve_gateway(build_gateway(settings, workspace.environ()))
+    auth = bearer(workspace.token("a1", ["r"]))
+    elsewhere = f"http://127.0.0.1:{server.port}/landing"
+    for method, target, data in (
+        ("GET", "/up/moved", None),
+        ("GET", "/up/moved?to=" + elsewhere.replace(":", "%3A").replace("/", "%2F"), None),
+        ("POST", "/up/moved", b"x"),
+    ):
+        visits.clear()
+        resp = await client.request(method, target, headers=auth, data=data, allow_redirects=False)
+        assert resp.status == code, await resp.text()
+        assert resp.headers["Location"] in ("/landing", elsewhere)
+        assert await resp.text() == "moved"
+        assert visits == ["/moved"], f"{method} {target}: the gateway followed to {visits}"

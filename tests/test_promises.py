@@ -714,3 +714,106 @@ async def test_a_redirect_with_a_location_is_passed_back_never_followed(
         assert resp.headers["Location"] in ("/landing", elsewhere)
         assert await resp.text() == "moved"
         assert visits == ["/moved"], f"{method} {target}: the gateway followed to {visits}"
+
+
+# --- README "Calling through capgate": compressed answers from an upstream with credentials ---
+
+UP_SECRET = "up-secret-4b1d0c7e9a"
+
+
+def _containers(secret: bytes) -> dict[str, bytes]:
+    """The secret inside each compressed container the README names. zstd and 7z have no
+    encoder in the standard library: their frames start with the real magic numbers."""
+    import bz2
+    import io
+    import lzma
+    import zipfile
+    import zlib
+
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("creds.txt", secret)
+    return {
+        "gzip": __import__("gzip").compress(secret),
+        **{f"zlib-{level}": zlib.compress(secret, level) for level in (1, 6, 9)},
+        "bzip2": bz2.compress(secret),
+        "xz": lzma.compress(secret, format=lzma.FORMAT_XZ),
+        "zstd": b"\x28\xb5\x2f\xfd\x04\x00" + secret,
+        "zip": zipped.getvalue(),
+        "7z": b"7z\xbc\xaf\x27\x1c\x00\x04" + secret,
+    }
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_compressed_answers_from_an_upstream_with_credentials_are_refused(
+    aiohttp_server: Any,
+    serve_gateway: Any,
+    workspace: Workspace,
+    tmp_path: Path,
+    streamed: bool,
+) -> None:
+    """README: "A compressed answer from an upstream with credentials (capgate asks for
+    ``identity``; a ``Content-Encoding`` other than identity, or gzip, zlib, bzip2, xz, zstd,
+    zip or 7z bytes without one) is refused (502 ``upstream_unavailable``) rather than passed
+    on unmasked". Every container, unlabelled, whole and streamed in small chunks (the magic
+    split across them); every other coding, labelled; and, as the control, the same bytes from
+    an upstream that holds no credential pass byte for byte."""
+    from aiohttp import web
+
+    from gateway.config import load_settings
+
+    asked: list[str] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        asked.append(request.headers.get("Accept-Encoding", ""))
+        key = request.headers.get("X-Api-Key", "no-key").encode()
+        kind = request.match_info["kind"]
+        containers = _containers(b'{"token": "' + key + b'"}')
+        headers = {"Content-Type": "application/octet-stream"}
+        if kind in containers:
+            body = containers[kind]
+        else:  # a coding named in the header: the bytes need not be of that coding
+            body, headers["Content-Encoding"] = key, kind
+        if not streamed:
+            return web.Response(body=body, headers=headers)
+        resp = web.StreamResponse(headers=headers)
+        await resp.prepare(request)
+        for i in range(0, len(body), 3):
+            await resp.write(body[i : i + 3])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{kind}", answer)
+    server = await aiohttp_server(app)
+    url = f"http://127.0.0.1:{server.port}"
+    policy = tmp_path / "coded.yaml"
+    policy.write_text(
+        "version: 1\nupstreams:\n"
+        f'  keyed: {{url: "{url}", credentials: {{type: header, header: X-Api-Key,'
+        ' secret: "env:UP_SECRET"}}\n'
+        f'  open: {{url: "{url}"}}\n'
+        'agents: {"*": [r]}\nroles:\n  r:\n    rules:\n'
+        "      - {id: keyed, upstream: keyed, allow: 'GET /{kind}'}\n"
+        "      - {id: open, upstream: open, allow: 'GET /{kind}'}\n"
+    )
+    settings = load_settings(
+        {"policy": str(policy), "jwks": str(workspace.jwks), "audit": str(tmp_path / "a.jsonl")},
+        {},
+    )
+    gw = build_gateway(settings, {**workspace.environ(), "UP_SECRET": UP_SECRET})
+    client = await serve_gateway(gw)
+    auth = bearer(workspace.token("a1", ["r"]))
+    kinds = [*_containers(b"x"), "br", "deflate", "compress", "x-custom", "identity, gzip"]
+    for kind in kinds:
+        resp = await client.get(f"/keyed/{kind}", headers=auth)
+        raw = await resp.read()
+        assert resp.status == 502, (kind, resp.status, raw[:80])
+        assert json.loads(raw)["reason"] == "upstream_unavailable", kind
+        assert UP_SECRET.encode() not in raw
+    assert asked and set(asked) == {"identity"}, asked
+    for kind in _containers(b"x"):
+        resp = await client.get(f"/open/{kind}", headers=auth)
+        assert resp.status == 200, kind
+        assert await resp.read() == _containers(b'{"token": "no-key"}')[kind], kind

@@ -11,16 +11,16 @@ EVAL_VENV  ?= .venv-eval
 EVAL_BIN   := $(EVAL_VENV)/bin
 EVAL_STAMP := $(EVAL_VENV)/.installed
 
-.PHONY: run test pytest bench lint typecheck check clean venv conformance conformance-deps eval eval-venv
+.PHONY: run test pytest bench lint typecheck check clean venv conformance conformance-deps eval eval-venv lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@# The compiled sqlglot build where the platform has a wheel for it; pure Python otherwise.
-	-$(BIN)/python -m pip install --quiet -e '.[dev,fast]'
+	-$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,fast]'
 	@touch $(STAMP)
 
 ## Start capgate on 127.0.0.1:8787 with policies/example.yaml, memory state and the mock upstreams.
@@ -61,10 +61,10 @@ typecheck: $(STAMP)
 
 eval-venv: $(EVAL_STAMP)
 
-$(EVAL_STAMP): pyproject.toml
+$(EVAL_STAMP): pyproject.toml constraints.txt
 	@test -x $(EVAL_BIN)/python || $(PYTHON) -m venv $(EVAL_VENV)
 	$(EVAL_BIN)/python -m pip install --quiet --upgrade pip
-	$(EVAL_BIN)/python -m pip install --quiet -e '.[dev,eval]'
+	$(EVAL_BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,eval]'
 	@touch $@
 
 ## AgentDojo (v1.2.1) through capgate: utility and attacks per suite, and a permissive baseline.
@@ -73,6 +73,17 @@ eval: $(EVAL_STAMP)
 	$(EVAL_BIN)/python -m eval.agentdojo $(EVAL_ARGS)
 
 check: test
+
+## Refresh constraints.txt: the newest versions pyproject.toml allows, in a scratch venv (then
+## run `make test` on them before committing the file).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet --upgrade pip
+	.venv-lock/bin/python -m pip install --quiet -e '.[dev,eval,fast]'
+	{ sed -n '1,2p' constraints.txt; .venv-lock/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^capgate'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+	rm -rf .venv-lock
+	$(PYTHON) deploy/sync_pins.py
 
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) .pytest_cache .demo build *.egg-info conformance/node_modules

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from multidict import CIMultiDict
 
 from gateway.audit_record import BodyMac
+from gateway.pipeline import CHECK_STAGES
 from gateway.stages.audit import audit_records
 from gateway.telemetry import PHASES, Plan, Telemetry
 from gateway.testing import make_call
 
-STAGES = ("receive", "route", "authenticate", "match_policy", "validate", "throttle")
-STAGES += ("approve", "inject")
+STAGES = CHECK_STAGES
 AGENT_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 

@@ -41,7 +41,7 @@ from gateway.credentials import Credentialing, CredentialStore
 from gateway.errors import ConfigError, StateUnavailable
 from gateway.events import EventHub
 from gateway.inflight import InFlight
-from gateway.key_reload import KeyReloader
+from gateway.key_reload import AuditKeyReloader, KeyReloader
 from gateway.listener import AgentServer, ConnectionGuard, fd_budget, tracked
 from gateway.operators import OperatorBook
 from gateway.pipeline import Pipeline, Services
@@ -185,6 +185,7 @@ class Gateway:
     webhook: ApprovalWebhook | None = None
     journal: RevocationJournal | None = None  # revocations kept on this gateway's disk
     keys: KeyReloader | None = None  # the JWKS and upstream signing key, read again on change
+    audit_keys: AuditKeyReloader | None = None  # the audit's two keys, read again on change
     taints: Taints = field(init=False)
     pipeline: Pipeline = field(init=False)
     # Calls cut by the revocation each stop() in progress made (filled by apply_revocation).
@@ -279,6 +280,8 @@ class Gateway:
         state = await self.state.health()
         background = self.watch.health()
         audit = self.audit.health()
+        if self.audit_keys is not None:
+            audit["keys"]["error"] = self.audit_keys.error  # a refused reload; keys in force
         journal = self.journal_health()
         ok = (
             bool(state.get("reachable", False))
@@ -505,7 +508,8 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     if faults is not None and settings.mode in ("replay", "replay-or-record"):
         transport = ChaosTransport(transport, faults)  # over the recorded answers
     key_path = audit_key_path(settings.audit, settings.audit_key)
-    audit = build_audit_trail(settings)
+    mac = BodyMac(load_audit_key(key_path) if key_path is not None else None)
+    audit = build_audit_trail(settings, mac.kid)
     telemetry_plan = plan(settings)
     telemetry: Telemetry | None = None
     if telemetry_plan.enabled:
@@ -533,7 +537,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
         credentials=credentials,
         transport=transport,
         audit=audit,
-        mac=BodyMac(load_audit_key(key_path) if key_path is not None else None),
+        mac=mac,
         telemetry=telemetry,
         approvals=Approvals(
             settings.approval_timeout,
@@ -553,6 +557,7 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
             credentials=credentials if isinstance(credentials, CredentialStore) else None,
             upstream_key=settings.upstream_key,
         ),
+        audit_keys=_audit_key_reloader(settings, audit, mac),
         guard=ConnectionGuard(
             max_connections=settings.max_connections,
             head_timeout=settings.head_timeout,
@@ -561,9 +566,24 @@ def build_gateway(settings: Settings, environ: Mapping[str, str]) -> Gateway:
     )
 
 
-def build_audit_trail(settings: Settings) -> AuditTrail:
+def _audit_key_reloader(
+    settings: Settings, audit: AuditTrail, mac: BodyMac
+) -> AuditKeyReloader | None:
+    if settings.audit is None:
+        return None
+    return AuditKeyReloader(
+        audit,
+        mac,
+        audit_key_path(settings.audit, settings.audit_key),
+        signing_key_path(settings.audit, settings.audit_signing_key),
+        jwks_path(settings.audit, settings.audit_jwks),
+    )
+
+
+def build_audit_trail(settings: Settings, audit_key_id: str | None = None) -> AuditTrail:
     """The audit trail as configured: its signing key made (0600) and published in the
-    audit JWKS when absent; nothing is opened yet (``running``)."""
+    audit JWKS when absent; nothing is opened yet (``running``). ``audit_key_id`` names the
+    key of the body digests (``audit_record.audit_key_id``) in the start checkpoints."""
     if settings.audit is None:
         return AuditTrail(None)
     signer = CheckpointSigner.load_or_create(
@@ -584,7 +604,9 @@ def build_audit_trail(settings: Settings) -> AuditTrail:
         # A fleet with Redis: each gateway's latest checkpoint is kept there by default.
         spec = AnchorSpec("redis", settings.state)
     anchor = Anchor(spec) if spec is not None else None
-    return AuditTrail(settings.audit, options, signer=signer, anchor=anchor)
+    return AuditTrail(
+        settings.audit, options, signer=signer, anchor=anchor, audit_key_id=audit_key_id
+    )
 
 
 async def _health(gw: Gateway) -> web.Response:
@@ -675,6 +697,8 @@ async def _tick(gw: Gateway, now: float) -> None:
     gw.reload_policy()
     if gw.keys is not None:
         gw.keys.tick()
+    if gw.audit_keys is not None:
+        gw.audit_keys.tick()
     _reload_operators(gw)
     gw.audit.tick()
     summary = gw.guard.summarise(now)

@@ -38,25 +38,55 @@ _SAFE_LABEL = re.compile(rf"[A-Za-z0-9_.:/@+-]{{1,{MAX_LABEL}}}")
 _BLOCK = 64  # SHA-256's block size, in bytes (RFC 2104's B)
 
 
+def audit_key_id(key: bytes) -> str:
+    """The audit key's public name: 16 hex digits of a SHA-256 of it (domain-separated), never
+    the key. Written in ``start`` checkpoints and ``key`` lines: which key made a line's digests."""
+    return hashlib.sha256(b"capgate-audit-key-id\x00" + key).hexdigest()[:16]
+
+
 class BodyMac:
     """Keyed digests of bodies and labels under the audit key (or sizes only, with no key).
 
     HMAC-SHA256 (RFC 2104), with the two keyed SHA-256 states computed once: each digest
     copies them instead of keying again, in C calls only (``hmac.HMAC`` adds a Python layer
     around the same steps, which costs more than the hashing for a small body).
+
+    ``rekey`` changes the key in place (``key_reload.py``: every stage holding this object
+    digests under the new key from then on); a call whose decision line was written under an
+    earlier key keeps that key for its response digest (``under``), so every digest in a
+    call's lines is under the key of its decision line.
     """
 
-    __slots__ = ("_key", "_inner", "_outer")
+    __slots__ = ("_key", "_inner", "_outer", "kid", "_earlier")
 
     def __init__(self, key: bytes | None) -> None:
+        self._earlier: dict[str, BodyMac] = {}
+        self._set(key)
+
+    def _set(self, key: bytes | None) -> None:
         self._key = key
         self._inner: Any = None
         self._outer: Any = None
+        self.kid: str | None = None
         if key is not None:
+            self.kid = audit_key_id(key)
             block = hashlib.sha256(key).digest() if len(key) > _BLOCK else key
             block = block.ljust(_BLOCK, b"\0")
             self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
             self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def rekey(self, key: bytes) -> None:
+        """Digest under ``key`` from now on; the key before stays reachable by ``under``."""
+        if self.kid is not None and self._key is not None:
+            self._earlier[self.kid] = BodyMac(self._key)
+        self._set(key)
+        self._earlier.pop(self.kid or "", None)
+
+    def under(self, kid: str | None) -> BodyMac:
+        """The digests of the key named ``kid`` (a call's decision key), this one by default."""
+        if kid is None or kid == self.kid:
+            return self
+        return self._earlier.get(kid, self)
 
     @property
     def keyed(self) -> bool:

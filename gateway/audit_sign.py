@@ -6,10 +6,11 @@ The signature is the line's last member, ``"sig"``: the signed bytes are the lin
 member removed, closed with ``}`` (see ``signed_part``), prefixed by ``SIGNING_CONTEXT``.
 
 Rotation with overlap: the JWKS beside the trail (``<audit>.jwks.json`` unless configured)
-keeps every key it has held; a gateway started with a new key adds it, so checkpoints signed
-by the old key still verify. An operator removes a retired key from the JWKS only once no
-trail signed by it needs checking. Copy the JWKS somewhere the sandbox cannot write: a key
-read from beside the trail proves nothing against whoever could write both.
+keeps every key it has held; a gateway started with a new key, or reading a new key file while
+it runs (``key_reload.py``), adds it, so checkpoints signed by the old key still verify. An
+operator removes a retired key from the JWKS only once no trail signed by it needs checking.
+Copy the JWKS somewhere the sandbox cannot write: a key read from beside the trail proves
+nothing against whoever could write both.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class CheckpointSigner:
             )
             with os.fdopen(fd, "wb") as fh:
                 fh.write(pem)
+        return cls.load(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CheckpointSigner:
+        """The key in ``path``, never created (a reload): ``ConfigError`` when unusable."""
         try:
             check_secret_file(path)
             data = path.read_bytes()

@@ -72,7 +72,10 @@ LINE_FIELDS: dict[str, frozenset[str]] = {
         | {"duration_ms", "response_body", "operator", "fault", "prev"}
     ),
     "checkpoint": frozenset(
-        {"v", "type", "time", "kind", "kid", "gateway", "lines", "prev", "sig"}
+        {"v", "type", "time", "kind", "kid", "gateway", "lines", "audit_key", "prev", "sig"}
+    ),
+    "key": frozenset(
+        {"v", "type", "time", "audit_key", "audit_key_before", "kid", "kid_before", "prev"}
     ),
     "repair": frozenset(
         {"v", "type", "time", "what", "file", "cut_bytes", "cut_sha256", "since", "error"}
@@ -80,9 +83,6 @@ LINE_FIELDS: dict[str, frozenset[str]] = {
     ),
     "summary": frozenset({"v", "type", "time", "since", "counts", "prev"}),
 }
-
-GENESIS = "0" * 64
-AUDIT_KEY_BYTES = 32
 
 
 def audit_key_path(audit: Path | None, configured: Path | None) -> Path | None:
@@ -110,6 +110,11 @@ def load_audit_key(path: Path) -> bytes:
     else:
         with os.fdopen(fd, "w") as fh:
             fh.write(os.urandom(AUDIT_KEY_BYTES).hex() + "\n")
+    return read_audit_key(path)
+
+
+def read_audit_key(path: Path) -> bytes:
+    """The audit key in ``path`` (never created: a reload, or a reader of the trail)."""
     try:
         check_secret_file(path)
         text = path.read_text("ascii").strip()
@@ -342,11 +347,16 @@ class AuditTrail:
         options: TrailOptions | None = None,
         signer: CheckpointSigner | None = None,
         anchor: Anchor | None = None,
+        audit_key_id: str | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.options = options or TrailOptions()
         self.signer = signer
         self.anchor = anchor
+        self.audit_key_id = audit_key_id  # the key of the digests written now (its id)
+        # A signing key announced by a ``key`` line: it signs from the checkpoint after the
+        # next one on (the next one, by the key in force, vouches for the announcement).
+        self._next_signer: CheckpointSigner | None = None
         self._primary: _Sink | None = None
         self._mirror: _Sink | None = None
         self._fd_lock = threading.Lock()
@@ -561,15 +571,19 @@ class AuditTrail:
             "gateway": self.options.gateway_id,
             "lines": self._since_checkpoint,
         }
+        if kind == "start" and self.audit_key_id is not None:
+            record["audit_key"] = self.audit_key_id  # the digests' key from here on
         unsigned = orjson.dumps(record)[:-1] + b',"prev":"' + self._prev.encode() + b'"'
         line = self.signer.sign(unsigned) + b"\n"
         self._write(line)
+        if self._next_signer is not None:  # this checkpoint vouched for the key line before
+            self.signer, self._next_signer = self._next_signer, None
         self._since_checkpoint = 0
         self._last_checkpoint = time.time()
         self.checkpoints += 1
         self.latest_checkpoint = {
             "gateway": self.options.gateway_id,
-            "kid": self.signer.kid,
+            "kid": record["kid"],
             "time": record["time"],
             "kind": kind,
             "hash": self._prev,  # the checkpoint line's own SHA-256
@@ -577,6 +591,44 @@ class AuditTrail:
         }
         if self.anchor is not None:
             self.anchor.offer(self.latest_checkpoint)
+
+    @property
+    def upcoming_signer(self) -> CheckpointSigner | None:
+        """The key that will sign from the next checkpoint but one on (``change_keys``)."""
+        return self._next_signer or self.signer
+
+    def change_keys(self, audit_key_id: str | None, signer: CheckpointSigner | None) -> None:
+        """The audit key, the signing key or both change (``key_reload.py``), at this line.
+
+        A ``key`` line names the keys before and after (ids only), then a ``rekey``
+        checkpoint signed by the key in force closes the segment and vouches for the new
+        signing key's id; later checkpoints are signed by the new key. The caller digests
+        under the new audit key only once this returned: lines after the ``key`` line are
+        under it. Raises ``AuditUnavailable`` when the ``key`` line cannot be written (then
+        nothing changed: the caller keeps the keys in force and tries again)."""
+        signing = signer if signer is not None else (self._next_signer or self.signer)
+        if self._opened:
+            if self.error is not None:
+                self._recover()
+            record = {
+                "v": FORMAT_VERSION,
+                "type": "key",
+                "time": timestamp(time.time()),
+                "audit_key": audit_key_id,
+                "audit_key_before": self.audit_key_id,
+                "kid": signing.kid if signing is not None else None,
+                "kid_before": self.signer.kid if self.signer is not None else None,
+            }
+            self._write(self._encode(record))
+        self.audit_key_id = audit_key_id
+        if self.signer is None or not self._opened:
+            self.signer, self._next_signer = signing, None
+        elif signing is not None and signing.kid != self.signer.kid:
+            self._next_signer = signing
+        else:
+            self._next_signer = None
+        with contextlib.suppress(AuditUnavailable):  # the next checkpoint will vouch then
+            self.checkpoint("rekey")
 
     # --- observers of the call --------------------------------------------------------------
 
@@ -724,6 +776,11 @@ class AuditTrail:
             "syncs": self._syncer.syncs if self._syncer is not None else 0,
             "checkpoints": self.checkpoints,
             "latest_checkpoint": self.latest_checkpoint,
+            "keys": {
+                "audit_key": self.audit_key_id,
+                "kid": self.signer.kid if self.signer is not None else None,
+                "next_kid": self._next_signer.kid if self._next_signer is not None else None,
+            },
             "anchor": self.anchor.health() if self.anchor is not None else None,
         }
 
@@ -795,3 +852,18 @@ def call_records(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     if name in line:
                         record[name] = line[name]
     return out
+
+
+def with_audit_keys(lines: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The lines, each ``decision`` line (and line of format 1) given ``audit_key``: the id of
+    the key its digests are under, as the trail declared it (the ``audit_key`` of the latest
+    ``start`` checkpoint or ``key`` line before it; absent when none did). A call's outcome
+    digests are under its decision line's key, so ``call_records`` carries it to the call."""
+    current: str | None = None
+    for line in lines:
+        kind = line.get("type")
+        if kind in ("checkpoint", "key") and isinstance(line.get("audit_key"), str):
+            current = line["audit_key"]
+        elif current is not None and kind in (None, "decision"):
+            line = {**line, "audit_key": current}
+        yield line

@@ -8,6 +8,13 @@ What is checked, in order, over one or more files given oldest first (a rotated 
 2. every checkpoint is signed by a key of the audit JWKS, and (but for a ``start``) counts
    the lines since the checkpoint before it: an edit, deletion, insertion or reordering
    whose chain was recomputed breaks the first checkpoint after it;
+2b. the signing key changes only where the trail says so: a ``key`` line names the next
+   key, a checkpoint signed by the key in force follows it (vouching for it), and only then
+   may the next key sign; a ``start`` checkpoint of a new process (not the one after a
+   ``rotate``) may also bring another key, which is noted as not vouched for. So part of a
+   segment cannot be re-signed with another key of the JWKS (a later one, a retired one):
+   whoever holds it has to rewrite from the trail's first line, or from a restart, which
+   the anchor and the files given before catch;
 3. the tail: the trail ends with a ``shutdown`` checkpoint, or the caller says the tail may
    be open (after a crash); lines after the last checkpoint are covered by no signature;
 4. with an anchor: the latest checkpoint the anchor holds for these gateways is in the
@@ -48,6 +55,7 @@ class Report:
     legacy_lines: int = 0
     checkpoints: int = 0
     kids: set[str] = field(default_factory=set)
+    audit_keys: list[str] = field(default_factory=list)  # ids of the digests' keys, in order
     gateways: set[str] = field(default_factory=set)
     last_checkpoint: tuple[str, int, str] | None = None  # file, line, kind
     after_checkpoint: int = 0  # lines after the last checkpoint
@@ -65,6 +73,7 @@ class Report:
             "lines": self.lines,
             "checkpoints": self.checkpoints,
             "signing_keys": sorted(self.kids),
+            "audit_keys": self.audit_keys,
             "gateways": sorted(self.gateways),
             "last_checkpoint": (
                 None
@@ -90,6 +99,9 @@ class _Walk:
         self.checkpoint_hashes: dict[str, tuple[str, int]] = {}
         self.last_kind: str | None = None
         self.position: tuple[str, int] = ("", 0)
+        self.kid: str | None = None  # the key that signs now (the last checkpoint's)
+        self.announced: str | None = None  # named by a key line, not yet vouched for
+        self.vouched: str | None = None  # named by a key line and vouched for: may sign next
 
 
 def verify_trail(
@@ -163,18 +175,30 @@ def _line(
             "hash chain broken: 'prev' does not match the line before (that line was "
             "changed, or lines were removed, inserted or reordered here)"
         )
-    if kind == "checkpoint":
-        problem = _checkpoint(report, walk, record, line)
-        if problem is not None:
-            return problem
-    else:
-        walk.since += 1
-        if kind is None:
-            report.legacy_lines += 1
+    problem = _typed(report, walk, record, line)
+    if problem is not None:
+        return problem
     walk.prev = hashlib.sha256(line).hexdigest()
     report.lines += 1
     if kind == "checkpoint":
         walk.checkpoint_hashes[walk.prev] = walk.position
+    return None
+
+
+def _typed(report: Report, walk: _Walk, record: dict[str, Any], line: bytes) -> str | None:
+    """What a line of its type adds to the walk (a checkpoint's signature and count, a key
+    line's keys), or the problem with it."""
+    kind = record.get("type")
+    if kind == "checkpoint":
+        problem = _checkpoint(report, walk, record, line)
+        if problem is None:
+            _note_audit_key(report, record.get("audit_key"))
+        return problem
+    walk.since += 1
+    if kind == "key":
+        return _key_line(report, walk, record)
+    if kind is None:
+        report.legacy_lines += 1
     return None
 
 
@@ -191,6 +215,9 @@ def _checkpoint(report: Report, walk: _Walk, record: dict[str, Any], line: bytes
             "a line since the checkpoint before it was changed and the chain recomputed"
         )
     kind = str(record.get("kind"))
+    problem = _key_in_force(report, walk, str(kid), kind)
+    if problem is not None:
+        return problem
     if kind != "start" and record.get("lines") != walk.since:
         return (
             f"checkpoint counts {record.get('lines')} lines since the checkpoint before it; "
@@ -204,6 +231,55 @@ def _checkpoint(report: Report, walk: _Walk, record: dict[str, Any], line: bytes
     walk.since = 0
     walk.last_kind = kind
     return None
+
+
+def _key_in_force(report: Report, walk: _Walk, kid: str, kind: str) -> str | None:
+    """The signing key may change only where a key line named it and a checkpoint of the
+    key before vouched for it (or at a restart, noted); otherwise the segment was re-signed."""
+    if walk.kid is None or kid == walk.kid:
+        if walk.announced is not None:
+            walk.vouched, walk.announced = walk.announced, None  # this checkpoint vouches
+        walk.kid = kid
+        return None
+    if kid == walk.vouched:
+        walk.kid, walk.vouched = kid, None
+        return None
+    if kind == "start" and walk.last_kind != "rotate":
+        # A process that started with another key (after a shutdown or a crash). A rotated
+        # file continues the same process: its start checkpoint keeps the key in force.
+        file, number = walk.position
+        report.notes.append(
+            f"{file}:{number}: the signing key changed from {walk.kid} to {kid} at a restart, "
+            "not vouched for by a checkpoint of the key before (trusted for being in the JWKS)"
+        )
+        walk.kid, walk.announced, walk.vouched = kid, None, None
+        return None
+    return (
+        f"checkpoint signed by kid {kid}, but the key in force is {walk.kid} and no key "
+        "line vouched for by it named this one: the segment was re-signed with another key"
+    )
+
+
+def _key_line(report: Report, walk: _Walk, record: Mapping[str, Any]) -> str | None:
+    """A ``key`` line: the keys from here on (ids only); the next checkpoint vouches for it."""
+    before = record.get("kid_before")
+    if before is not None and before == walk.vouched:
+        walk.kid, walk.vouched = before, None  # it took over with no checkpoint yet
+    if walk.kid is not None and before is not None and before != walk.kid:
+        return (
+            f"key line says checkpoints were signed by {before}, but the key in force is "
+            f"{walk.kid}: this line or the checkpoints before it were rewritten"
+        )
+    kid = record.get("kid")
+    walk.announced = kid if isinstance(kid, str) and kid != walk.kid else None
+    walk.vouched = None
+    _note_audit_key(report, record.get("audit_key"))
+    return None
+
+
+def _note_audit_key(report: Report, audit_key: Any) -> None:
+    if isinstance(audit_key, str) and (not report.audit_keys or report.audit_keys[-1] != audit_key):
+        report.audit_keys.append(audit_key)
 
 
 def _tail(report: Report, walk: _Walk, open_tail: bool) -> None:

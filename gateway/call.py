@@ -106,7 +106,10 @@ class Call:
     outbound_headers: CIMultiDict[str] | None = None  # inject
     injection: Injection | None = None  # inject
     audit_decided: bool = False  # audit: the decision line was written before forwarding
+    # audit: the decision's records (HTTP calls), completed at the end instead of rebuilt
+    decided_records: list[AuditRecord] | None = None
     request_digest: BodyDigest | None = None  # audit: the forwarded body's keyed digest
+    audit_key: str | None = None  # audit: the audit key of the decision line (its digests)
     dispatched: bool = False  # dispatch: the call was handed to the transport
     deadline: float | None = None  # dispatch: loop time by which the upstream exchange ends
     response: UpstreamResponse | None = None  # dispatch

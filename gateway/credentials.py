@@ -145,6 +145,7 @@ class Reflections:
     names: tuple[str, ...]
     escaped: re.Pattern[bytes]
     longest: int  # the longest match any of them can have
+    shortest: int  # the shortest: a text shorter than this holds no reflection
 
     def mask(self, data: bytes) -> bytes:
         """``data`` with every reflection replaced by asterisks of the same length."""
@@ -165,7 +166,11 @@ def reflections_of(secret: str) -> Reflections:
     forms = reflected_forms(secret)
     escaped = re.compile(b"".join(b"(?:" + b"|".join(_escapes(c)) + b")" for c in secret))
     names = tuple(f.decode("latin-1").lower() for f in forms)
-    return Reflections(forms, names, escaped, max(6 * len(secret), *(len(f) for f in forms)))
+    # (A secret under four bytes has no exact form to mask: it would mask unrelated text.)
+    longest = max((6 * len(secret), *(len(f) for f in forms)))
+    # Every character of the secret takes at least one byte in an escaped match.
+    shortest = min((len(secret), *(len(f) for f in forms)))
+    return Reflections(forms, names, escaped, longest, shortest)
 
 
 class Credentialing(Protocol):

@@ -16,13 +16,14 @@ checked and counted in one atomic script. Rates themselves are in ``rates.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from gateway.errors import AttemptsLimited, QuotaExhausted, RateLimited
 from gateway.rates import Rate
-from gateway.state.base import StateStore
+from gateway.state.base import Admission, StateStore
 
 __all__ = ["Limiter", "attempts_key", "rate_key", "rule_quota_key", "run_quota_key"]
 
@@ -31,11 +32,15 @@ def _q(part: str) -> str:
     return quote(part, safe="")
 
 
+# Keys are asked for on every limited call, for a few agents and rules: remembered, not
+# percent-encoded again each time.
+@functools.lru_cache(maxsize=16384)
 def rate_key(agent: str, rule_id: str) -> str:
     """The limiter key for one agent's calls to one rule."""
     return f"{_q(agent)}:{_q(rule_id)}"
 
 
+@functools.lru_cache(maxsize=16384)
 def attempts_key(agent: str, rule_id: str) -> str:
     """The limiter key for one agent's attempts at one rule (a rule id never holds an
     unencoded ':', so this key is no rate key's)."""
@@ -80,13 +85,30 @@ class Limiter:
         """
         got = await store.take(attempts_key(agent, rule_id), attempts)
         if not got.allowed:
-            headers = retry_after_header(got.retry_after)
-            raise AttemptsLimited(
-                f"the attempts of {attempts} at rule '{rule_id}' are used up for this agent "
-                f"(counted before the payload is checked); retry in {headers['Retry-After']} s",
-                rule=rule_id,
-                headers=headers,
-            )
+            raise _attempts_limited(attempts, rule_id, got)
+
+    def check_attempt_now(
+        self, store: StateStore, *, agent: str, rule_id: str, attempts: Rate
+    ) -> bool:
+        """``check_attempt`` when the store answers without waiting: True when counted (or
+        raises as it does); False when nothing was counted and ``check_attempt`` must run."""
+        got = store.take_now(attempts_key(agent, rule_id), attempts)
+        if got is None:
+            return False
+        if not got.allowed:
+            raise _attempts_limited(attempts, rule_id, got)
+        return True
+
+    def check_now(self, store: StateStore, *, agent: str, rule_id: str, rate: Rate) -> bool:
+        """``check`` of a rate alone (no quota applies) when the store answers without
+        waiting: True when admitted (or raises ``RateLimited`` as ``check`` does); False when
+        nothing was taken and ``check`` must run."""
+        got = store.take_now(rate_key(agent, rule_id), rate)
+        if got is None:
+            return False
+        if not got.allowed:
+            raise _rate_limited(rate, rule_id, got)
+        return True
 
     async def check(
         self,
@@ -110,13 +132,7 @@ class Limiter:
         if rate is not None:
             got = await store.take(rate_key(agent, rule_id), rate)
             if not got.allowed:
-                headers = retry_after_header(got.retry_after)
-                raise RateLimited(
-                    f"the rate of {rate} for rule '{rule_id}' is used up for this agent; "
-                    f"retry in {headers['Retry-After']} s",
-                    rule=rule_id,
-                    headers=headers,
-                )
+                raise _rate_limited(rate, rule_id, got)
         if run is None:
             return
         items: list[tuple[str, int]] = []
@@ -135,3 +151,23 @@ class Limiter:
         if not got.allowed:
             detail = details[got.limited_by if got.limited_by is not None else 0]
             raise QuotaExhausted(detail, rule=rule_id, headers=retry_after_header(got.retry_after))
+
+
+def _rate_limited(rate: Rate, rule_id: str, got: Admission) -> RateLimited:
+    headers = retry_after_header(got.retry_after)
+    return RateLimited(
+        f"the rate of {rate} for rule '{rule_id}' is used up for this agent; "
+        f"retry in {headers['Retry-After']} s",
+        rule=rule_id,
+        headers=headers,
+    )
+
+
+def _attempts_limited(attempts: Rate, rule_id: str, got: Admission) -> AttemptsLimited:
+    headers = retry_after_header(got.retry_after)
+    return AttemptsLimited(
+        f"the attempts of {attempts} at rule '{rule_id}' are used up for this agent "
+        f"(counted before the payload is checked); retry in {headers['Retry-After']} s",
+        rule=rule_id,
+        headers=headers,
+    )

@@ -85,6 +85,23 @@ class Services:
     telemetry: Telemetry | None = None
 
 
+# The check stages' names, in order (``Pipeline.checks``), for the phases tracing shows as
+# child spans.
+CHECK_STAGES = (
+    "receive",
+    "route",
+    "authenticate",
+    "pause",
+    "match_policy",
+    "count_attempts",
+    "validate",
+    "throttle",
+    "taint_gate",
+    "approve",
+    "inject",
+)
+
+
 def new_request_id() -> str:
     return os.urandom(8).hex()
 
@@ -110,20 +127,7 @@ class Pipeline:
             Approve(services.approvals, services.inflight, services.policies),
             Inject(services.credentials),
         )
-        # Stage names, in order, for the phases tracing shows as child spans.
-        names = (
-            "receive",
-            "route",
-            "authenticate",
-            "pause",
-            "match_policy",
-            "count_attempts",
-            "validate",
-            "throttle",
-            "taint_gate",
-            "approve",
-            "inject",
-        )
+        names = CHECK_STAGES
         assert len(names) == len(self.checks)
         telemetry = services.telemetry
         self.tracing = telemetry if telemetry is not None and telemetry.tracing else None

@@ -110,20 +110,32 @@ class Shares:
             return
         if wait <= 0:
             raise self.refusal(agent)
-        waiter = _Waiter(agent, asyncio.get_running_loop().create_future())
+        # One future and one timer per wait (not wait_for around a shield: half the calls of
+        # an agent at its share take this path, so it is kept lean). ``_wake`` resolves the
+        # future with the slot already taken; the timer fails it with the refusal.
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(agent, loop.create_future())
         self._waiters.append(waiter)
+        timer = loop.call_later(wait, self._expire, waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
-        except (TimeoutError, asyncio.CancelledError) as exc:
-            if waiter.future.done() and not waiter.future.cancelled():
+            await waiter.future
+        except asyncio.CancelledError:
+            fut = waiter.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(agent)  # granted in the same instant: give it back
             else:
-                waiter.future.cancel()
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise self.refusal(agent) from None
+            raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.future.done():
+            return
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        waiter.future.set_exception(self.refusal(waiter.agent))
 
     @contextlib.asynccontextmanager
     async def slot(self, agent: str, wait: float) -> AsyncIterator[None]:

@@ -1982,3 +1982,112 @@ async def test_one_agent_cannot_hold_connections_past_its_share_by_repeating_a_h
         *_, answer = sse_messages(body) if body.startswith(b"event:") else [json.loads(body)]
         assert answer["error"]["data"]["reason"] in ("concurrency_limited", "approval_denied")
     assert tool_calls_received(mocks) == []
+
+
+# --- audit keys that change while the gateway runs (CG-2026-37) -----------------------------
+
+
+def test_a_later_audit_signing_key_cannot_re_sign_lines_written_before_it(
+    workspace: Workspace, mocks: Mocks, policy_file: Path, tmp_path: Path
+) -> None:
+    """CG-2026-37 (issue 15): ``audit verify`` accepted a checkpoint signed by any key of the
+    audit JWKS, wherever it stood in the trail. With rotation with overlap (the JWKS keeps
+    the old key beside the new), whoever held the new key (it lives beside the trail, in the
+    sandbox) could edit lines written under the old key and re-sign the checkpoints after
+    them with the new one: the trail verified, even against a JWKS copy kept outside. Now
+    the change is recorded where it happens (a ``key`` line, vouched for by a checkpoint of
+    the key before, written when capgate reads the new key file while it serves), and a
+    checkpoint signed by another key than the one in force fails, at its line."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from gateway.audit_sign import CheckpointSigner
+    from tests.conftest import ROOT
+    from tests.e2e.test_serve import start_capgate
+    from tests.test_audit_keys import put_signing_key, resign
+
+    audit = tmp_path / "audit.jsonl"
+    args = [*workspace.serve_args(0, audit, policy_file), "--audit-checkpoint-lines", "5"]
+    proc, ready = start_capgate(args, workspace.environ(), tmp_path)
+    tok = workspace.token("tester", ["tester"])
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def agent(k: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            req = urllib.request.Request(
+                f"{ready['url']}/echo/echo/k{k}-{n}", headers={"Authorization": f"Bearer {tok}"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 (loopback)
+                    answered.append(resp.status)
+            except (urllib.error.URLError, OSError, ValueError):
+                return
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=agent, args=(k,)) for k in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        new_key = ed25519.Ed25519PrivateKey.generate()
+        new_kid = put_signing_key(audit.with_name(audit.name + ".signing.pem"), new_key)
+        deadline = time.monotonic() + 15
+        while b'"type":"key"' not in audit.read_bytes():  # read at the next tick (1 s)
+            assert time.monotonic() < deadline, "the new signing key was never read"
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert len(answered) > 10 and set(answered) == {200}
+    trusted = tmp_path / "trusted.jwks.json"  # the operator's copy, both keys in it
+    shutil.copy(audit.with_name(audit.name + ".jwks.json"), trusted)
+
+    def verify() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "audit",
+                "verify",
+                str(audit),
+                "--jwks",
+                str(trusted),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=60,
+        )
+
+    check = verify()
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert new_kid in check.stdout
+    raw = audit.read_bytes().splitlines()
+    change = next(i for i, x in enumerate(raw) if b'"type":"key"' in x)
+    edit = next(i for i in range(change) if b'"type":"decision"' in raw[i])
+    raw[edit] = raw[edit].replace(b'"agent":"tester"', b'"agent":"a"', 1)  # edit, then hide
+    forged = resign(raw, start=edit, signer=CheckpointSigner(new_key), edit=edit)
+    audit.write_bytes(b"\n".join(forged) + b"\n")
+    first = next(i for i in range(edit, len(forged)) if b'"type":"checkpoint"' in forged[i])
+    check = verify()
+    assert check.returncode == 1, check.stdout
+    assert check.stdout.startswith(f"{audit}:{first + 1}: checkpoint signed by kid {new_kid}")
+    assert "re-signed with another key" in check.stdout

@@ -8,7 +8,13 @@ from pathlib import Path
 import jwt
 import pytest
 
-from gateway.credentials import CredentialStore, CredentialUnavailable, Injection, Secret
+from gateway.credentials import (
+    CredentialStore,
+    CredentialUnavailable,
+    Injection,
+    Secret,
+    reflections_of,
+)
 from gateway.errors import ConfigError, InternalError, Reason
 from gateway.policy.model import Credentials, Policy
 from tests.helpers_core import Clock, Signer, policy_from_text
@@ -354,3 +360,13 @@ def test_agent_jwt_without_signing_key(tmp_path: Path) -> None:
         CredentialStore({}, tmp_path).check_policy(policy)
     with pytest.raises(CredentialUnavailable, match="no upstream signing key"):
         CredentialStore({}, tmp_path).injection("db", Credentials(type="agent-jwt"), "a")
+
+
+@pytest.mark.parametrize("secret", ["k", "ab", "x9z"])
+def test_a_secret_too_short_to_mask_does_not_break_the_answer(secret: str) -> None:
+    # Under four bytes a secret has no exact form worth masking (it would mask unrelated
+    # text); building its reflections once raised TypeError, so every answer of such an
+    # upstream became an internal error.
+    seen = reflections_of(secret)
+    assert seen.forms == () and seen.shortest == len(secret)
+    assert seen.mask(b"an answer") == b"an answer"

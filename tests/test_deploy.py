@@ -550,6 +550,14 @@ def test_the_image_pins_what_it_installs() -> None:
         assert name in pins, f"{name} is not pinned in deploy/requirements.txt"
         assert req.specifier.contains(pins[name], prereleases=True), (name, pins[name])
     assert "sqlglotc" in pins  # the 'fast' extra's compiled parser
+    # ... at the versions the test suite runs on (constraints.txt, which CI installs).
+    tested: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            tested[canonicalize_name(name)] = version.strip()
+    drift = {n: (v, tested.get(n)) for n, v in pins.items() if tested.get(n) != v}
+    assert not drift, f"deploy/requirements.txt differs from constraints.txt: {drift}"
 
 
 # --- the image's settings, run ------------------------------------------------------------------

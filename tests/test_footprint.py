@@ -22,6 +22,9 @@ HEAVY = (
     "jsonschema",
     "redis",
     "rfc3987_syntax",
+    "isoduration",
+    "arrow",
+    "rfc3986_validator",
     "prometheus_client",
     "opentelemetry.sdk",
 )
@@ -92,8 +95,50 @@ def test_a_plain_http_policy_loads_no_sql_schema_or_redis_library(
 def test_the_example_policy_loads_what_its_rules_use(
     base_workspace: Workspace, tmp_path: Path
 ) -> None:
-    """SQL rules bring sqlglot and PostgreSQL's parser, JSON Schemas bring jsonschema; the
-    memory state never brings redis, no rule asks for an iri format, and with telemetry off
+    """JSON Schemas bring jsonschema (not the libraries of formats its schemas do not name);
+    its SQL rules are SQLite's, read by SQLite's compiler (names included), so neither sqlglot
+    nor PostgreSQL's parser loads; the memory state never brings redis, and with telemetry off
     (the default) the OpenTelemetry SDK is not loaded."""
     found = loaded(base_workspace, base_workspace.policy, tmp_path)
-    assert found == ["jsonschema", "pglast", "sqlglot"]
+    assert found == ["jsonschema"]
+
+
+SQL_RULE = """\
+version: 1
+agents: {tester: [tester]}
+upstreams:
+  db: {url: "http://127.0.0.1:9"}
+roles:
+  tester:
+    rules:
+      - id: query
+        upstream: db
+        allow: POST /query
+        sql:
+          field: sql
+          dialect: %s
+          tables: [orders, public.customers]
+          default_schema: public
+          deny_columns: [customers.ssn]
+"""
+
+
+@pytest.mark.parametrize(
+    ("dialect", "extra", "expected"),
+    [
+        ("postgres", "          server_version: %d\n", ["pglast"]),
+        ("mysql", "", ["sqlglot"]),
+    ],
+)
+def test_a_sql_rule_loads_its_own_reader_only(
+    base_workspace: Workspace, tmp_path: Path, dialect: str, extra: str, expected: list[str]
+) -> None:
+    """A PostgreSQL rule loads PostgreSQL's parser and no sqlglot (its names are read without
+    it); a MySQL rule loads sqlglot and no pglast."""
+    if "%d" in extra:
+        from gateway.checks.sql.pg_version import PARSER_MAJOR
+
+        extra %= PARSER_MAJOR
+    path = tmp_path / "sql.yaml"
+    path.write_text(SQL_RULE % dialect + extra)
+    assert loaded(base_workspace, path, tmp_path) == expected

@@ -90,3 +90,31 @@ async def test_random_interleavings_keep_the_invariants() -> None:
     await asyncio.gather(*(worker(rng.choice(agents)) for _ in range(20)))
     assert shares.in_use == 0 and shares.snapshot()["waiting"] == 0
     assert max(peak.values()) == 2
+
+
+async def test_a_slot_granted_as_its_waiter_is_cancelled_comes_back() -> None:
+    # The release hands the slot over (taken on the waiter's behalf) and the waiter is
+    # cancelled before it runs: the slot must not leak.
+    shares = Shares("slots", capacity=1, per_agent=1)
+    await shares.acquire("a", 0)
+    task = asyncio.create_task(shares.acquire("b", 5))
+    await asyncio.sleep(0)
+    shares.release("a")  # b's future is resolved, b has not run yet
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert shares.in_use == 0 and shares.held_by("b") == 0
+    await shares.acquire("c", 0)
+
+
+async def test_a_wait_that_times_out_names_whose_share_was_full(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shares = Shares("slots", capacity=4, per_agent=1)
+    await shares.acquire("a", 0)
+    waits = [asyncio.create_task(shares.acquire("a", 0.02)) for _ in range(5)]
+    results = await asyncio.gather(*waits, return_exceptions=True)
+    assert all(isinstance(r, ConcurrencyLimited) for r in results)
+    assert "agent 'a' already holds its share" in str(results[0])
+    assert shares.snapshot()["waiting"] == 0 and shares.in_use == 1
+    assert "never retrieved" not in caplog.text

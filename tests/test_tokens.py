@@ -377,7 +377,9 @@ def test_exp_not_after_iat_is_refused(ed: Signer) -> None:
 def test_lifetime_above_the_default_maximum_is_refused(ed: Signer) -> None:
     now = int(time.time())
     err = refused(
-        ed.verifier(), ed.sign(claims(now, exp=now + 3601)), contains="longer than the allowed 3600 s"
+        ed.verifier(),
+        ed.sign(claims(now, exp=now + 3601)),
+        contains="longer than the allowed 3600 s",
     )
     assert err.errors == [{"claim": "exp"}]
     assert ed.verifier().verify(ed.sign(claims(now, exp=now + 3600))).expires_at == now + 3600

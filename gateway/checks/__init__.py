@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-import gateway.checks.iri_formats  # noqa: F401 (first: before any check imports jsonschema)
+import gateway.checks.format_libraries  # noqa: F401 (first: before any check imports jsonschema)
 from gateway.payload import CheckContext, PayloadCheck
 from gateway.policy_file import Node
 

@@ -31,7 +31,7 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from gateway.checks.iri_formats import IRI_FORMATS, load_iri_grammar
+from gateway.checks.format_libraries import load_format
 from gateway.policy_file import Node
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -130,8 +130,8 @@ def _lint(node: Node, refs: list[Node]) -> None:
             )
         elif keyword == "$ref":
             refs.append(value)
-        if keyword == "format" and value.value in IRI_FORMATS:
-            load_iri_grammar()  # now, while the policy loads, not on an agent's call
+        if keyword == "format" and isinstance(value.value, str):
+            load_format(value.value)  # now, while the policy loads, not on an agent's call
         for sub in _subschemas(keyword, value):
             _lint(sub, refs)
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.audit_anchor import read_anchor
+from gateway.audit_record import BodyMac
 from gateway.audit_sign import load_verify_keys
-from gateway.audit_trail import call_records
+from gateway.audit_trail import call_records, read_audit_key, with_audit_keys
 from gateway.audit_verify import Report, verify_trail
 from gateway.errors import ConfigError
 
@@ -64,6 +65,20 @@ def add_audit_parsers(sub: Any, parser_class: type[argparse.ArgumentParser]) -> 
     aq.add_argument("--decision", choices=["allow", "deny"], help="only allowed or denied calls")
     aq.add_argument("--reason", help="only calls with this reason code, e.g. sql_denied")
     aq.add_argument("--rule", help="only calls decided by this rule id")
+    aq.add_argument(
+        "--body",
+        type=Path,
+        help="only calls whose request or response body was this file's bytes (by its keyed "
+        "digest: needs the audit key the trail names for those lines)",
+    )
+    aq.add_argument(
+        "--audit-key",
+        dest="audit_keys",
+        type=Path,
+        action="append",
+        help="an audit key file for --body; repeat it for a trail whose key changed (default: "
+        "FILE.key and the kept FILE.key.* beside the trail)",
+    )
     aq.add_argument(
         "--format", choices=["table", "json"], default="table", help="table (default) or json"
     )
@@ -162,6 +177,56 @@ def _time(text: str, flag: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+class BodyFilter:
+    """``--body``: the file's keyed digest under each audit key given, matched against a
+    call's digests under the key the trail names for its lines (``with_audit_keys``)."""
+
+    def __init__(self, body: bytes, keys: Sequence[bytes]) -> None:
+        self.digests: dict[str, str] = {}
+        for key in keys:
+            mac = BodyMac(key)
+            assert mac.kid is not None
+            self.digests[mac.kid] = mac.of(body)["hmac"]
+        self.missing: dict[str, int] = {}  # key ids the trail names that were not given
+
+    def __call__(self, record: Mapping[str, Any]) -> bool:
+        kid = record.get("audit_key")
+        if kid is None:  # the trail does not say (format 1, or no key named): any given key
+            wanted = set(self.digests.values())
+        elif kid in self.digests:
+            wanted = {self.digests[kid]}
+        else:
+            self.missing[kid] = self.missing.get(kid, 0) + 1
+            return False
+        for name in ("request_body", "response_body"):
+            digest = record.get(name)
+            if isinstance(digest, dict) and digest.get("hmac") in wanted:
+                return True
+        return False
+
+
+def _body_filter(args: argparse.Namespace) -> BodyFilter | None:
+    if args.body is None:
+        return None
+    paths = args.audit_keys
+    if not paths:
+        base = args.files[-1]
+        base = base.with_name(base.name.split(".jsonl")[0] + ".jsonl")
+        paths = sorted(base.parent.glob(base.name + ".key.*"))
+        paths.insert(0, base.with_name(base.name + ".key"))
+        paths = [p for p in paths if p.exists()]
+        if not paths:
+            raise AuditCliError("--body needs the audit key: pass --audit-key FILE")
+    try:
+        body = Path(args.body).read_bytes()
+        keys = [read_audit_key(p) for p in paths]
+    except OSError as exc:
+        raise AuditCliError(f"{exc.filename}: {exc.strerror}") from None
+    except ConfigError as exc:
+        raise AuditCliError(str(exc)) from None
+    return BodyFilter(body, keys)
+
+
 def _matches(record: Mapping[str, Any], args: argparse.Namespace, window: Any) -> bool:
     for name in ("agent", "run", "upstream", "decision", "reason", "rule"):
         wanted = getattr(args, name)
@@ -198,7 +263,18 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
                     continue  # verify names it
                 if isinstance(record, dict):
                     lines.append(record)
-    found = [r for r in call_records(lines) if _matches(r, args, window)]
+    body = _body_filter(args)
+    found = [
+        r
+        for r in call_records(with_audit_keys(lines))
+        if _matches(r, args, window) and (body is None or body(r))
+    ]
+    if body is not None:
+        for kid, n in sorted(body.missing.items()):
+            report.notes.append(
+                f"--body: {n} call(s) have digests under audit key {kid}, which was not "
+                "given (--audit-key): they could not be compared"
+            )
     statement = report.statement()
     if args.format == "json":
         print(json.dumps({"matches": found, "verification": statement}, indent=2))

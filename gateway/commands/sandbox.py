@@ -157,6 +157,8 @@ def _credential_files(settings: Settings) -> Iterator[Path]:
 
 def gateway_files(settings: Settings, config: Path | None, token_file: Path | None) -> list[Path]:
     """Everything the gateway reads or writes that the command must not see."""
+    import glob
+
     from gateway.audit_sign import jwks_path, signing_key_path
     from gateway.audit_trail import audit_key_path
 
@@ -175,12 +177,15 @@ def gateway_files(settings: Settings, config: Path | None, token_file: Path | No
         revocations_path(settings),
     ]
     if settings.audit is not None:
+        key = audit_key_path(settings.audit, settings.audit_key)
         paths += [
             settings.audit,
-            audit_key_path(settings.audit, settings.audit_key),
+            key,
             signing_key_path(settings.audit, settings.audit_signing_key),
             jwks_path(settings.audit, settings.audit_jwks),
         ]
+        if key is not None:  # earlier audit keys kept for reading older lines (docs/audit.md)
+            paths += sorted(key.parent.glob(glob.escape(key.name) + ".*"))
     paths += list(_credential_files(settings))
     out: list[Path] = []
     for p in paths:

@@ -23,8 +23,9 @@ anything else                  nothing: refused (``mcp_denied``)
 =============================  ==========================================================
 
 A session (``Mcp-Session-Id``) belongs to the agent that opened it through this gateway;
-another agent's, or an unknown one, is refused (404 for an unknown one, so clients start a
-new session). Refusals are JSON-RPC answers (HTTP 200) whose ``error.data`` carries the
+another agent's, or an unknown one, is refused before the body is read, with the HTTP status
+and a problem+json body (403; 404 for an unknown one, so clients start a new session). Other
+refusals are JSON-RPC answers (HTTP 200) whose ``error.data`` carries the
 problem+json fields, or, for tool calls on an upstream with ``tool_refusals: result``, a
 tool result with ``isError`` that the model can read; a bad token is a 401 with a JSON-RPC
 error body.

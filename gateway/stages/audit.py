@@ -81,9 +81,33 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
     return record
 
 
+def _ended(decided: AuditRecord, call: Call) -> AuditRecord:
+    """The record of an ended call from its decision's record: only what can change once a
+    call has been decided is read again (how it ended, its answer, who or what cut it)."""
+    err = call.error
+    record = decided.copy()
+    record["decision"] = "deny" if err is not None and call.response is None else "allow"
+    record["reason"] = err.reason.value if err is not None else "allowed"
+    record["status"] = call.status
+    record["duration_ms"] = round((time.monotonic() - call.started) * 1000, 3)
+    if call.response_digest is not None:
+        record["response_body"] = call.response_digest
+    if call.operator is not None:
+        record["operator"] = call.operator
+    if call.fault is not None:
+        record["fault"] = call.fault
+    return record
+
+
 def audit_records(call: Call, mac: BodyMac) -> list[AuditRecord]:
     """One record per operation of an MCP call (the message's method, what it acts on, the
-    rule that allowed it or none), sharing the request id; one record for any other call."""
+    rule that allowed it or none), sharing the request id; one record for any other call.
+
+    An HTTP call whose decision was written is completed from that record, not rebuilt
+    (``tests/stages/test_audit_stage.py`` proves both readings equal)."""
+    decided = call.decided_records
+    if decided is not None:
+        return [_ended(decided[0], call)]
     base = audit_record(call, mac)
     ops = call.operations
     if not ops or all(op.rpc is None for op in ops):
@@ -122,10 +146,21 @@ class Audit:
         trail says so), or the call is refused with ``audit_unavailable`` (fail closed)."""
         if self.decisions is None:
             return None
+        # The response's digest is made under the key of this decision line, even when the
+        # audit key changes while the call is forwarded (``BodyMac.under``).
+        call.audit_key = self.mac.kid
+        records = audit_records(call, self.mac)
+        if len(records) == 1 and "mcp" not in records[0]:
+            call.decided_records = records
         try:
-            pending = self.decisions.call_decided(call, audit_records(call, self.mac))
+            pending = self.decisions.call_decided(call, records)
         except GatewayError as exc:
             call.error = exc
+            if not call.audit_decided:
+                # No line written: the refusal's own line, later, digests under the key in
+                # force then (the audit key may change in between).
+                call.request_digest = call.audit_key = None
+                call.decided_records = None
             return None
         return None if pending is None else _settled(call, pending)
 

@@ -24,14 +24,27 @@ class CountAttempts:
         self.limiter = limiter or Limiter()
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
-        for op in call.operations:
-            if op.governed and op.match is not None and op.match.rule.attempts is not None:
-                return self._count_all(call)
-        return None  # no rule counts attempts: the store is not asked
+        """Counted without a coroutine while the store answers at once (its own buckets, or
+        a lease of tokens); from the first operation it cannot, the rest are awaited."""
+        for index, op in enumerate(call.operations):
+            if not op.governed or op.match is None or op.match.rule.attempts is None:
+                continue
+            rule = op.match.rule
+            assert call.claims is not None
+            try:
+                if not self.limiter.check_attempt_now(
+                    self.state, agent=call.claims.agent, rule_id=rule.id, attempts=rule.attempts
+                ):
+                    return self._count_all(call, index)
+            except StateUnavailable:
+                if rule.on_state_error != "allow":
+                    raise
+                call.state_error_allowed = True
+        return None
 
-    async def _count_all(self, call: Call) -> None:
+    async def _count_all(self, call: Call, start: int = 0) -> None:
         assert call.claims is not None
-        for op in call.operations:
+        for op in call.operations[start:]:
             if not op.governed or op.match is None or op.match.rule.attempts is None:
                 continue
             rule = op.match.rule

@@ -249,7 +249,8 @@ def _head(
         if seen is not None:
             if seen.in_name(name):
                 continue
-            value = _masked_text(value, seen)
+            if len(value) >= seen.shortest:  # (latin-1: one byte per character)
+                value = _masked_text(value, seen)
         headers.append((name, value))
     headers.append(("X-Request-Id", call.request_id))
     return reason, headers
@@ -331,7 +332,9 @@ class Respond:
             and call.method != "HEAD"
             and upstream.status not in NO_BODY_STATUSES
         ):
-            return await _respond_small(call, upstream, drop | {"content-length"}, seen, self.mac)
+            return await _respond_small(
+                call, upstream, drop | {"content-length"}, seen, self.mac.under(call.audit_key)
+            )
         else:
             chunks = _limited(upstream.iter_chunks(), call, limit)
         if call.taint_read is not None:
@@ -435,7 +438,7 @@ class Respond:
         out = web.StreamResponse(status=upstream.status, reason=reason, headers=headers)
         call.status = upstream.status
         scrub = Scrubber(seen) if seen is not None else None
-        hasher = self.mac.stream()
+        hasher = self.mac.under(call.audit_key).stream()
         try:
             await out.prepare(request)
             call.streaming = True
@@ -529,7 +532,7 @@ class Respond:
                     body = seen.mask(body)
                 if not body.strip():
                     raise BodyInvalid("the MCP server's answer is empty")
-                call.response_digest = self.mac.of(body)
+                call.response_digest = self.mac.under(call.audit_key).of(body)
                 await stream.send(body)
                 return
             await self._relay_events(call, stream, chunks, seen)
@@ -544,7 +547,7 @@ class Respond:
         seen: Reflections | None,
     ) -> None:
         scrub = Scrubber(seen) if seen is not None else None
-        hasher = self.mac.stream()
+        hasher = self.mac.under(call.audit_key).stream()
         written = False
         try:
             async for chunk in chunks:

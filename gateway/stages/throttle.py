@@ -35,16 +35,50 @@ class Throttle:
         self.on_evict = on_evict
 
     def __call__(self, call: Call) -> Awaitable[None] | None:
+        """Counted without a coroutine while every limit met is a rule's rate alone and the
+        store answers at once (its own buckets, or a lease of tokens); from the first
+        operation that needs more, the rest are awaited. No limit: the store is not asked."""
         assert call.policy is not None
         roles = call.policy.roles
-        for op in call.operations:
-            if op.governed and op.match is not None and _limited(op.match.rule, roles):
-                return self._count_all(call)
-        return None  # no limit or quota applies: the store is not asked
+        for index, op in enumerate(call.operations):
+            if not op.governed or op.match is None or not _limited(op.match.rule, roles):
+                continue
+            try:
+                if not self._count_now(call, op.match.rule):
+                    return self._count_all(call, index)
+            except Throttled as exc:
+                if op.match.rule.evict_after is not None:
+                    return self._refused(call, op.match.rule, exc)
+                raise
+        return None
 
-    async def _count_all(self, call: Call) -> None:
+    def _count_now(self, call: Call, rule: Rule) -> bool:
+        """The rule's rate when it is the only limit met (no role rate, no quota for this
+        call) and the store can answer now; False when nothing was counted."""
         assert call.claims is not None and call.policy is not None
-        for op in call.operations:
+        role = call.policy.roles[rule.role]
+        quotas = call.claims.run is not None and (
+            role.run_quota is not None or rule.quota is not None
+        )
+        if role.rate is not None or quotas or rule.rate is None:
+            return False
+        try:
+            return self.limiter.check_now(
+                self.state, agent=call.claims.agent, rule_id=rule.id, rate=rule.rate
+            )
+        except StateUnavailable:
+            if rule.on_state_error == "allow":
+                call.state_error_allowed = True
+                return True
+            raise
+
+    async def _refused(self, call: Call, rule: Rule, exc: Throttled) -> None:
+        await self._count_refusal(call, rule, exc)
+        raise exc
+
+    async def _count_all(self, call: Call, start: int = 0) -> None:
+        assert call.claims is not None and call.policy is not None
+        for op in call.operations[start:]:
             if op.governed:
                 assert op.match is not None
                 await self._count(call, op.match.rule)

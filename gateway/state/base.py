@@ -218,6 +218,12 @@ class StateStore(Protocol):
         """Take ``cost`` units from the limiter ``key`` (GCRA). A refusal takes nothing."""
         ...
 
+    def take_now(self, key: str, rate: Rate) -> Admission | None:
+        """``take`` of one unit when it can be answered without waiting (a bucket in this
+        process, or a lease of tokens it holds); None when the caller must ``await take``
+        instead (nothing was taken then). Raises ``StateUnavailable`` as ``take`` does."""
+        ...
+
     # --- quotas -------------------------------------------------------------------------
 
     async def consume_quota(

@@ -88,6 +88,24 @@ class Leases:
     def __len__(self) -> int:
         return len(self._leases)
 
+    def take_now(self, key: str, rate: Rate) -> Admission | None:
+        """``take`` when the lease answers without a refill: a token it holds, or a local
+        refusal still running; None otherwise (nothing taken)."""
+        lease = self._leases.get(key)
+        if lease is None or lease.refill is not None:
+            return None
+        return self._local(lease)
+
+    def _local(self, lease: _Lease) -> Admission | None:
+        """A token the lease holds, or its refusal while it runs; None: a refill is due."""
+        now = self._clock()
+        if lease.tokens > 0 and lease.expires > now:
+            lease.tokens -= 1
+            return Admission(True, 0.0, lease.tokens + lease.shared)
+        if lease.refused_until > now:
+            return Admission(False, lease.refused_until - now, 0)
+        return None
+
     async def take(self, key: str, rate: Rate) -> Admission:
         """One call's token: from the lease when it holds one, else after one refill (shared
         by every caller waiting on this key). Raises what the refill raises."""
@@ -98,12 +116,9 @@ class Leases:
                 self._sweep()
             lease = self._leases[key] = _Lease()
         while True:
-            now = self._clock()
-            if lease.tokens > 0 and lease.expires > now:
-                lease.tokens -= 1
-                return Admission(True, 0.0, lease.tokens + lease.shared)
-            if lease.refused_until > now:
-                return Admission(False, lease.refused_until - now, 0)
+            local = self._local(lease)
+            if local is not None:
+                return local
             refill = lease.refill
             if refill is not None:
                 await asyncio.wait({refill})  # raises only if this caller is cancelled

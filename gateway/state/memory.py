@@ -157,6 +157,12 @@ class MemoryStore:
     # --- rates --------------------------------------------------------------------------
 
     async def take(self, key: str, rate: Rate, *, cost: int = 1) -> Admission:
+        return self._take(key, rate, cost)
+
+    def take_now(self, key: str, rate: Rate) -> Admission:
+        return self._take(key, rate, 1)
+
+    def _take(self, key: str, rate: Rate, cost: int) -> Admission:
         check_cost(cost, rate)
         self._check_open()
         now = time.monotonic_ns()

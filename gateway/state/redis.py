@@ -724,6 +724,12 @@ class RedisStore:
         allowed, retry_us, remaining = (int(x) for x in reply)
         return Admission(bool(allowed), retry_us / _US, remaining)
 
+    def take_now(self, key: str, rate: Rate) -> Admission | None:
+        if lease_size(rate) <= 1:
+            return None  # every call asks Redis
+        self._check_running()
+        return self._leases.take_now(key, rate)
+
     async def _lease(self, key: str, rate: Rate, wanted: int) -> tuple[int, float, int]:
         """One refill of ``Leases``: up to ``wanted`` tokens of the shared bucket."""
         keys = [f"{self.prefix}rate:{key}"]
@@ -891,7 +897,7 @@ class RedisStore:
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         try:
             async with asyncio.timeout(self._op_timeout):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped in redis-py
         except Exception:
             log.debug("closing the pub/sub connection failed", exc_info=True)
 

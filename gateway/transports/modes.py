@@ -50,6 +50,11 @@ def build_transport(
     (JSON) on ``close()``; ``repeat_last`` lets rules (all, or those ids) answer repeated calls
     with their last recording once the recorded ones are used up.
     """
+    if mode not in MODES:
+        raise ConfigError(f"mode has value {mode!r}; expected one of {list(MODES)}")
+    if mode == "live":
+        return ModeTransport(live, None)
+    # Recording and replay load their machinery only when a mode uses it.
     from gateway.transports.record import RecordTransport
     from gateway.transports.replay import (
         ReplayOrRecordTransport,
@@ -57,10 +62,6 @@ def build_transport(
         ShadowTransport,
     )
 
-    if mode not in MODES:
-        raise ConfigError(f"mode has value {mode!r}; expected one of {list(MODES)}")
-    if mode == "live":
-        return ModeTransport(live, None)
     if directory is None:
         raise ConfigError(f"mode {mode} needs a recordings directory (--recordings DIR)")
     if sample is not None and not 0.0 <= sample <= 1.0:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.audit_record import AuditRecord, BodyMac
 from gateway.call import Call
-from gateway.errors import GatewayError
+from gateway.errors import ClientClosed, GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import Policy
-from gateway.stages.audit import Audit, audit_record
+from gateway.stages.audit import Audit, audit_record, audit_records
 from gateway.stages.validate import Validate
 from gateway.testing import CollectingObserver, make_call, matching, run_stages
 
@@ -83,3 +86,65 @@ def test_agent_controlled_names_are_kept_only_when_plain() -> None:
     assert mac.label("x" * 500).startswith("~")
     # Keyed: without the key, the digest of a guessed name cannot be recomputed.
     assert BodyMac(b"j" * 32).label("a b") != mac.label("a b")
+
+
+# --- the ended call's record, completed from its decision's ----------------------------------
+
+
+class _Decisions:
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+
+    def call_decided(self, call: Call, records: Sequence[AuditRecord]) -> None:
+        self.records.extend(records)
+        call.audit_decided = True
+
+
+_ENDINGS = st.fixed_dictionaries(
+    {
+        "error": st.sampled_from(
+            [None, UpstreamTimeout("slow"), UpstreamUnavailable("gone"), ClientClosed("bye")]
+        ),
+        "answered": st.booleans(),
+        "status": st.sampled_from([None, 200, 404, 502, 504]),
+        "digest": st.booleans(),
+        "operator": st.sampled_from([None, "alice", "bob@example.org"]),
+        "fault": st.sampled_from([None, "latency 10s", "status 503"]),
+    }
+)
+_ALLOWED = [
+    ("GET", "/svc/status?verbose=1", None, ["ops"]),
+    ("POST", "/svc/restart", b'{"service": "web"}', ["ops"]),
+    ("POST", "/db/query", b'{"sql": "SELECT id FROM orders"}', ["analyst"]),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(which=st.sampled_from(_ALLOWED), end=_ENDINGS)
+async def test_an_ended_record_completed_from_the_decision_equals_one_built_afresh(
+    policy: Policy, which: tuple[str, str, bytes | None, list[str]], end: dict[str, Any]
+) -> None:
+    # The end of a call rebuilds nothing it read at the decision: whatever happens after
+    # (an upstream error, the agent hanging up, a person's stop, an injected fault), the line
+    # written equals the record the whole call would give if built from scratch.
+    method, target, body, roles = which
+    headers = {"X-Env": "prod"} if target == "/svc/restart" else None
+    call = await checked(policy, make_call(method, target, body=body, roles=roles, headers=headers))
+    assert call.error is None
+    mac = BodyMac(b"k" * 32)
+    decisions = _Decisions()
+    audit = Audit(mac, [CollectingObserver()], decisions)
+    assert audit.decided(call) is None and call.decided_records is not None
+    call.error = end["error"]
+    call.response = object() if end["answered"] else None  # type: ignore[assignment]
+    call.status = end["status"]
+    call.response_digest = mac.of(b"answer") if end["digest"] else None
+    call.operator = end["operator"]
+    call.fault = end["fault"]
+    [completed] = audit_records(call, mac)
+    call.decided_records = None
+    afresh = audit_record(call, mac)
+    completed.pop("duration_ms")
+    afresh.pop("duration_ms")
+    assert completed == afresh
+    assert decisions.records[0] is not completed  # the decision line's record is untouched

@@ -88,3 +88,22 @@ def test_base64_of_the_secret_inside_longer_text_cannot_be_decoded(
     out = scrub(split(b"data=" + encoded + b";", cuts))
     decoded = base64.b64decode(out[5:-1].replace(b"*", b"A"))
     assert SECRET.encode() not in decoded
+
+
+SECRETS = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=24)
+
+
+@settings(max_examples=300)
+@given(secret=SECRETS, which=st.lists(st.booleans(), max_size=24), upper=st.booleans())
+def test_no_reflection_is_shorter_than_the_header_prefilter_skips(
+    secret: str, which: list[bool], upper: bool
+) -> None:
+    # The respond stage masks a header value only when it is at least ``shortest`` long:
+    # every exact form, and every JSON-escaped spelling, must be at least that long.
+    seen = reflections_of(secret)
+    assert all(len(form) >= seen.shortest for form in seen.forms)
+    escaped = json_escaped(secret, which, upper).encode("utf-8", "surrogatepass")
+    for match in seen.escaped.finditer(escaped):
+        assert len(match.group()) >= seen.shortest
+    assert seen.escaped.search(escaped) is not None
+    assert len(escaped) >= seen.shortest

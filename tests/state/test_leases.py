@@ -238,3 +238,56 @@ async def test_many_keys_are_swept_once_their_leases_expire_and_not_on_every_cal
     clock.now += LEASE_TTL + 0.01
     assert (await leases.take("fresh", FAST)).allowed
     assert sweeps == 2 and len(leases) == 1  # the expired 200 went
+
+
+async def test_a_held_lease_answers_at_once_and_otherwise_asks_for_a_refill() -> None:
+    bucket = Bucket(10_000)
+    clock = Clock()
+    leases = Leases(bucket.refill, clock=clock)
+    assert leases.take_now("k", FAST) is None  # no lease yet: nothing taken
+    assert (await leases.take("k", FAST)).allowed  # the refill: 64, one used
+    now = [leases.take_now("k", FAST) for _ in range(LEASE_MAX - 1)]
+    assert all(a is not None and a.allowed for a in now)
+    assert leases.take_now("k", FAST) is None  # spent: the caller awaits a refill
+    assert bucket.calls == 1
+    assert (await leases.take("k", FAST)).allowed and bucket.calls == 2
+    clock.now += LEASE_TTL + 0.001
+    assert leases.take_now("k", FAST) is None  # expired tokens are not served at once
+
+
+async def test_a_local_refusal_is_answered_at_once_until_its_retry_after() -> None:
+    bucket = Bucket(0, retry_after=2.0)
+    clock = Clock()
+    leases = Leases(bucket.refill, clock=clock)
+    assert not (await leases.take("k", FAST)).allowed
+    refused = leases.take_now("k", FAST)
+    assert refused is not None and not refused.allowed and refused.retry_after == 2.0
+    clock.now += 2.0
+    assert leases.take_now("k", FAST) is None
+
+
+async def test_a_lease_being_refilled_is_not_answered_at_once() -> None:
+    bucket = Bucket(10_000)
+    leases = Leases(bucket.refill)
+    refill = asyncio.create_task(leases.take("k", FAST))
+    await asyncio.sleep(0)
+    assert leases.take_now("k", FAST) is None  # the waiters of the refill go first
+    assert (await refill).allowed
+
+
+@pytest.mark.redis
+@needs_redis
+async def test_on_redis_a_lease_is_served_without_a_coroutine_and_not_after_close(
+    redis_server: RedisServer, make_store: StoreFactory
+) -> None:
+    store = await make_store(redis_server.url)
+    assert store.take_now("agent:a:rule:r", FAST) is None  # nothing leased yet
+    assert (await store.take("agent:a:rule:r", FAST)).allowed
+    before = _evalsha_calls(redis_server)
+    got = [store.take_now("agent:a:rule:r", FAST) for _ in range(LEASE_MAX - 1)]
+    assert all(a is not None and a.allowed for a in got)
+    assert _evalsha_calls(redis_server) == before
+    assert store.take_now("agent:a:rule:r", parse_rate("3/minute")) is None  # never leased
+    await store.close()
+    with pytest.raises(StateUnavailable):
+        store.take_now("agent:a:rule:r", FAST)

@@ -42,7 +42,8 @@ Why each check exists is written in the module that does it (see /work/shared/PI
 ``sqlite_tokens`` SQLite's tokens, for the LIMIT only, confirmed by ``sqlite3_complete``
 ``limits``      the bounds on one call's work and on the caches
 ``options``     dialects, statement kinds, opt-in families, default functions
-``names``       table, column and function names, normalised per dialect
+``names``       table, column and function names, normalised per dialect (PostgreSQL and
+                SQLite: plain names read without sqlglot, equal to its reading)
 ``violations``  denial categories, violations, and the ``SqlDenied`` they become
 ``cache``       the bounded LRU map behind the parse and verdict caches
 ``lexing``      (MySQL) the raw text and sqlglot's tokens: measured, refused where MySQL lexes
@@ -52,7 +53,7 @@ Why each check exists is written in the module that does it (see /work/shared/PI
                 it resolves them to ``SqlRules``, what the rules read
 ``statement``   ``Statement``: one statement under check, what the rules read and record
 ``rules/``      one module per rule family: statements, functions, tables, columns, limit
-``driver``      (MySQL) the checks of one sqlglot statement, running ``rules/`` in order
+``driver``      (MySQL) sqlglot's reading of a text: each statement checked, ``rules/`` in order
 ``policy``      ``SqlPolicy`` (``SqlRules`` with ``check`` and the verdict cache), ``SqlVerdict``
 ``adapter``     ``SqlBodyCheck``: where the SQL is in a call
 ``config``      the ``sql:`` key of a policy file: reads it into ``SqlSettings`` and points at
@@ -64,21 +65,63 @@ per (dialect, text) and verdicts per (policy, text), both bounded LRU caches.
 This check is defence in depth: the database role behind a read tool should be read-only.
 """
 
-from gateway.checks.sql.adapter import SqlBodyCheck
-from gateway.checks.sql.config import compile_sql_check
-from gateway.checks.sql.limits import MAX_NESTING, MAX_SUBSCRIPTS, MAX_TOKENS
-from gateway.checks.sql.names import TableName, parse_column_name, parse_table_name
-from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
-from gateway.checks.sql.parsing import (
-    SQLGLOT_COMPILED,
-    SQLGLOT_VERSION,
-    cache_info,
-    clear_parse_cache,
-    normalise_sql,
-)
-from gateway.checks.sql.policy import SqlPolicy, SqlVerdict
-from gateway.checks.sql.settings import SqlSettings, SqlSettingsError
-from gateway.checks.sql.violations import Denial
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.checks.sql.adapter import SqlBodyCheck
+    from gateway.checks.sql.config import compile_sql_check
+    from gateway.checks.sql.limits import MAX_NESTING, MAX_SUBSCRIPTS, MAX_TOKENS
+    from gateway.checks.sql.names import TableName, parse_column_name, parse_table_name
+    from gateway.checks.sql.options import DEFAULT_FUNCTIONS, SqlFamily, SqlKind
+    from gateway.checks.sql.parsing import (
+        SQLGLOT_COMPILED,
+        SQLGLOT_VERSION,
+        cache_info,
+        clear_parse_cache,
+        normalise_sql,
+    )
+    from gateway.checks.sql.policy import SqlPolicy, SqlVerdict
+    from gateway.checks.sql.settings import SqlSettings, SqlSettingsError
+    from gateway.checks.sql.violations import Denial
+
+# Where each name lives: imported on first use, so importing a submodule (the policy loader
+# imports ``config``) does not load sqlglot, which only ``parsing`` (MySQL) needs.
+_HOMES = {
+    "SqlBodyCheck": "adapter",
+    "compile_sql_check": "config",
+    "MAX_NESTING": "limits",
+    "MAX_SUBSCRIPTS": "limits",
+    "MAX_TOKENS": "limits",
+    "TableName": "names",
+    "parse_column_name": "names",
+    "parse_table_name": "names",
+    "DEFAULT_FUNCTIONS": "options",
+    "SqlFamily": "options",
+    "SqlKind": "options",
+    "SQLGLOT_COMPILED": "parsing",
+    "SQLGLOT_VERSION": "parsing",
+    "cache_info": "parsing",
+    "clear_parse_cache": "parsing",
+    "normalise_sql": "parsing",
+    "SqlPolicy": "policy",
+    "SqlVerdict": "policy",
+    "SqlSettings": "settings",
+    "SqlSettingsError": "settings",
+    "Denial": "violations",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
 
 __all__ = [
     "DEFAULT_FUNCTIONS",

@@ -1,4 +1,5 @@
-"""The checks of one parsed statement: a thin driver running the rule families in order.
+"""(MySQL) sqlglot's reading of a text (``read``), and the checks of each parsed statement: a
+thin driver running the rule families in order.
 
 1. ``rules.statements``: what the root is;
 2. one walk over every node below it: nested statements, commands, INTO, locks, variables
@@ -13,15 +14,42 @@ the first stage that found one. What the rules find is recorded in the ``Stateme
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.optimizer.scope import traverse_scope
 
+from gateway.checks.sql import parsing
+from gateway.checks.sql.lexing import lexer_key, raw_text_problems
 from gateway.checks.sql.limits import MAX_TREE_DEPTH
+from gateway.checks.sql.reading import Reading, count_statements
 from gateway.checks.sql.rules import columns, functions, limit, statements, tables
 from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal, Violation, refuse_if_any
+
+if TYPE_CHECKING:
+    from gateway.checks.sql.settings import SqlRules
+
+
+def read(rules: SqlRules, text: str) -> Reading:
+    """sqlglot's reading of ``text`` for ``rules`` (MySQL): the raw markers refused, the text
+    parsed once (``parsing``), and each statement checked (``check_statement``)."""
+    raw_text_problems(text, rules.dialect)
+    parsed = parsing.parse(lexer_key(rules.dialect, rules.sql_mode), text, rules.parameters)
+    # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
+    # the comment) run nothing; only real statements count.
+    found = [s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)]
+    count_statements(len(found), rules.max_statements)
+    reading = Reading(statements=len(found), end=parsed.last_end + 1)
+    for root in found:
+        statement = Statement(rules, parsed, text, root)
+        if check_statement(statement):
+            reading.missing_limit = True
+        reading.kinds |= statement.kinds
+        reading.tables |= statement.tables
+        reading.columns |= statement.columns
+    return reading
 
 
 class _Category(StrEnum):

@@ -33,6 +33,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import Token, TokenType
 
 from gateway.checks.sql.limits import MAX_NESTING, MAX_SUBSCRIPTS, MAX_TOKENS
+from gateway.checks.sql.reading import refuse_blank
 from gateway.checks.sql.violations import Denial, Refusal, at, position
 
 SQLGLOT_READS = ("mysql",)
@@ -92,10 +93,7 @@ def raw_text_problems(text: str, dialect: str) -> None:
     """Refuse a NUL, a text of nothing but whitespace, and, where sqlglot reads the text, the
     raw markers, before any lexing. (The database's own reader needs no markers: a comment is a
     comment to PostgreSQL and SQLite.)"""
-    if "\x00" in text:
-        raise Refusal.of(Denial.PARSE, "the SQL contains a NUL character", "\\x00")
-    if not text.strip():
-        raise Refusal.of(Denial.EMPTY, "the SQL is empty")
+    refuse_blank(text)
     if dialect not in SQLGLOT_READS:
         return
     lowered = text.lower()

@@ -1,9 +1,10 @@
 """``SqlPolicy``: one rule's compiled ``sql:`` settings, and the check of a text against them.
 
 ``SqlPolicy`` is the ``SqlRules`` that ``SqlSettings`` resolve to, with a rule id and a verdict
-cache. ``check`` measures the text, parses it (``parsing``), runs the checks of each statement
-(``driver``) and remembers the verdict per text in a bounded cache. Any unexpected error
-while checking denies the call (``Denial.UNCHECKED``).
+cache. ``check`` measures the text, has the dialect's authority read it (``sqlite``,
+``postgres``, or sqlglot: ``driver.read``, loaded when the first policy of its dialect is
+built) and remembers the verdict per text in a bounded cache. Any unexpected error while
+checking denies the call (``Denial.UNCHECKED``).
 
 Regenerating SQL can change its meaning, so the checked text itself is forwarded; an appended
 LIMIT is added to the text and the new text is parsed and checked again.
@@ -11,17 +12,15 @@ LIMIT is added to the text and the new text is parsed and checked again.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from types import ModuleType
 
-from sqlglot import exp
-
-from gateway.checks.sql import parsing, postgres, sqlite
+from gateway.checks.sql import sqlite
 from gateway.checks.sql.cache import Lru
-from gateway.checks.sql.driver import check_statement
-from gateway.checks.sql.lexing import lexer_key, raw_text_problems
 from gateway.checks.sql.limits import (
     CACHE_MAX_TEXT,
     CHECK_BACKSTOP_SECONDS,
@@ -31,13 +30,34 @@ from gateway.checks.sql.limits import (
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
-from gateway.checks.sql.reading import Reading, count_statements
+from gateway.checks.sql.reading import Reading, refuse_blank
 from gateway.checks.sql.settings import SqlRules, SqlSettings
-from gateway.checks.sql.statement import Statement
 from gateway.checks.sql.violations import Denial, Refusal
 from gateway.errors import SqlDenied
 
 logger = logging.getLogger("capgate.checks.sql")
+
+
+class _Authorities:
+    """The readers of the dialects whose authority is not SQLite (whose module is small):
+    PostgreSQL's parser (``postgres``, pglast) and sqlglot (``driver``, MySQL). Each is imported
+    when the first policy of its dialect is built, so a policy loads only its own; a call reads
+    the module from here (an attribute, no import)."""
+
+    __slots__ = ("postgres", "sqlglot")
+
+    def __init__(self) -> None:
+        self.postgres: ModuleType | None = None
+        self.sqlglot: ModuleType | None = None
+
+    def load(self, dialect: str) -> None:
+        if dialect == "postgres" and self.postgres is None:
+            self.postgres = importlib.import_module("gateway.checks.sql.postgres")
+        elif dialect not in ("postgres", "sqlite") and self.sqlglot is None:
+            self.sqlglot = importlib.import_module("gateway.checks.sql.driver")
+
+
+_AUTHORITIES = _Authorities()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +136,7 @@ class SqlPolicy(SqlRules):
     def from_settings(cls, settings: SqlSettings, *, rule_id: str | None = None) -> SqlPolicy:
         """Build a policy from ``SqlSettings``; raise ``SqlSettingsError`` when they are bad."""
         rules = settings.resolve()
+        _AUTHORITIES.load(rules.dialect)
         values = {f.name: getattr(rules, f.name) for f in fields(SqlRules)}
         scratch = sqlite.SqliteScratch(dict(rules.schema)) if rules.dialect == "sqlite" else None
         return cls(**values, rule_id=rule_id, _scratch=scratch)
@@ -177,7 +198,7 @@ class SqlPolicy(SqlRules):
             raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
-        raw_text_problems(text, self.dialect)
+        refuse_blank(text)
         reading = self._read(text)
         if reading.missing_limit:
             if not rewrite or reading.statements != 1 or reading.end < 0:
@@ -206,24 +227,7 @@ class SqlPolicy(SqlRules):
         """The authority's reading of ``text`` for this policy's dialect."""
         if self._scratch is not None:
             return sqlite.read(self, self._scratch, text)
-        if self.dialect == "postgres":
-            return postgres.read(self, text)
-        return self._read_sqlglot(text)
-
-    def _read_sqlglot(self, text: str) -> Reading:
-        parsed = parsing.parse(lexer_key(self.dialect, self.sql_mode), text, self.parameters)
-        # Empty statements (';;', or '; -- note', which sqlglot returns as exp.Semicolon holding
-        # the comment) run nothing; only real statements count.
-        statements = [
-            s for s in parsed.statements if s is not None and not isinstance(s, exp.Semicolon)
-        ]
-        count_statements(len(statements), self.max_statements)
-        reading = Reading(statements=len(statements), end=parsed.last_end + 1)
-        for root in statements:
-            statement = Statement(self, parsed, text, root)
-            if check_statement(statement):
-                reading.missing_limit = True
-            reading.kinds |= statement.kinds
-            reading.tables |= statement.tables
-            reading.columns |= statement.columns
-        return reading
+        module = _AUTHORITIES.postgres if self.dialect == "postgres" else _AUTHORITIES.sqlglot
+        assert module is not None  # loaded when the policy was built
+        read: Callable[[SqlRules, str], Reading] = module.read
+        return read(self, text)

@@ -37,3 +37,11 @@ def count_statements(found: int, allowed: int) -> None:
             f"the SQL has {found} statements; the rule allows {allowed}",
             str(found),
         )
+
+
+def refuse_blank(text: str) -> None:
+    """Refuse a NUL, and a text of nothing but whitespace, before any authority reads it."""
+    if "\x00" in text:
+        raise Refusal.of(Denial.PARSE, "the SQL contains a NUL character", "\\x00")
+    if not text.strip():
+        raise Refusal.of(Denial.EMPTY, "the SQL is empty")

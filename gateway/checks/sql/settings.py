@@ -35,7 +35,6 @@ from gateway.checks.sql.names import (
     parse_table_name,
 )
 from gateway.checks.sql.options import DEFAULT_FUNCTIONS, DIALECTS, SqlFamily, SqlKind
-from gateway.checks.sql.pg_version import PARSER_MAJOR, PGLAST_VERSION
 
 _KINDS = tuple(k.value for k in SqlKind)
 
@@ -377,6 +376,9 @@ class SqlSettings:
         """The server's major version is the one whose parser is installed."""
         if "server_version" in self.unread:
             return
+        # Only a PostgreSQL rule loads PostgreSQL's parser (pglast): to read its major here.
+        from gateway.checks.sql.pg_version import PARSER_MAJOR, PGLAST_VERSION
+
         parser = f"PostgreSQL {PARSER_MAJOR}'s parser (pglast {PGLAST_VERSION})"
         if self.server_version is None:
             found.add(

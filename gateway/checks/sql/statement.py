@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.checks.sql.violations import locate
+from sqlglot import exp
+
+from gateway.checks.sql.violations import position
 
 if TYPE_CHECKING:
-    from sqlglot import exp
-
     from gateway.checks.sql.parsing import Parsed
     from gateway.checks.sql.settings import SqlRules
 
@@ -37,3 +37,13 @@ class Statement:
     def where(self, node: exp.Expr | None) -> dict[str, Any]:
         """line/col/order of ``node`` in the text, for a violation (empty when unknown)."""
         return locate(self.text, node)
+
+
+def locate(text: str, node: exp.Expr | None) -> dict[str, Any]:
+    """line/col/order of a node, from its own source offset or that of its first identifier."""
+    for candidate in (node, getattr(node, "this", None)):
+        if isinstance(candidate, exp.Expr):
+            start = candidate.meta.get("start")
+            if isinstance(start, int) and 0 <= start < len(text):
+                return position(text, start)
+    return {}

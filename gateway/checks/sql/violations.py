@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlglot import exp
-
 from gateway.checks.sql.limits import MAX_ERRORS
 from gateway.errors import SqlDenied, SqlTooComplex
 
@@ -121,16 +119,6 @@ def position(text: str, offset: int) -> dict[str, Any]:
     line = text.count("\n", 0, offset) + 1
     col = offset - (text.rfind("\n", 0, offset) + 1) + 1
     return {"line": line, "col": col, "order": offset}
-
-
-def locate(text: str, node: exp.Expr | None) -> dict[str, Any]:
-    """line/col/order of a node, from its own source offset or that of its first identifier."""
-    for candidate in (node, getattr(node, "this", None)):
-        if isinstance(candidate, exp.Expr):
-            start = candidate.meta.get("start")
-            if isinstance(start, int) and 0 <= start < len(text):
-                return position(text, start)
-    return {}
 
 
 def at(where: dict[str, Any]) -> str:

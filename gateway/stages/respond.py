@@ -408,7 +408,11 @@ class Respond:
                 continue
             end = cut + (4 if pending[cut : cut + 4] == b"\r\n\r\n" else 2)
             events, pending = pending[:end], pending[end:]
-            await self.taints.record(key, source, events, headers)
+            if len(events) > RESPONSE_CAP:  # (events read in one go past the cap: the same)
+                await self.taints.record(key, source, None, headers)
+                recording = False
+            else:
+                await self.taints.record(key, source, events, headers)
             yield events
         if pending:
             if recording:

@@ -272,7 +272,8 @@ class Read:
         return cls(source, _compact(decoded), tuple(sorted(_identifiers(decoded))))
 
     def entry(self) -> str:
-        return f"{self.source}\n{self.text}\n{' '.join(self.marks)}"
+        source = " ".join(self.source.split())  # one line: the entry's fields are lines
+        return f"{source}\n{self.text}\n{' '.join(self.marks)}"
 
     @classmethod
     def of_entry(cls, entry: str) -> Read:

@@ -259,3 +259,10 @@ def test_a_vouched_claim_that_is_not_text_vouches_for_nothing() -> None:
     assert vouched_text({"vouched": ["mark@evil.example", 3]}) == ""
     assert vouched_text({"vouched": "x" * (MAX_VOUCHED + 1)}) == ""
     assert vouched_text({"vouched": ["To Bob@Example.com", "and"]}) == "tobobexamplecom\nand"
+
+
+def test_an_entry_reads_back_whatever_its_source_says() -> None:
+    read = Read.of_text("tool a\nb\r\nc", "write to mark@evil.example")
+    back = Read.of_entry(read.entry())
+    assert (back.text, back.marks) == (read.text, read.marks) and back.source == "tool a b c"
+    assert find({"to": "mark@evil.example"}, ["to"], [back]) is not None

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from sqlglot.dialects.dialect import Dialect
 
 from gateway.checks.sql import names
+from gateway.policy_file import PolicyError
+from gateway.testing import policy_from_text
 
 DIALECTS = ("postgres", "sqlite")
 
@@ -141,6 +143,7 @@ def test_column_names_read_as_sqlglot_reads_them(text: str, dialect: str) -> Non
 @example(text="`Abc`", dialect="postgres")
 @example(text='"Abc"', dialect="sqlite")
 @example(text="a$B", dialect="postgres")
+@example(text="`;`", dialect="postgres")  # sqlglot raised TypeError (a traceback at load)
 def test_identifiers_read_as_sqlglot_reads_them(text: str, dialect: str) -> None:
     assert_agree("identifier", text, dialect)
 
@@ -175,3 +178,28 @@ def test_plain_names_load_no_sqlglot() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("text", ["`;`", "`;;`", "`; `"])
+def test_a_name_sqlglot_cannot_read_is_a_line_numbered_error_not_a_crash(text: str) -> None:
+    # sqlglot raises TypeError (not its own error) on some quoted texts: the policy check
+    # printed a traceback; the name is refused with the file's line and column.
+    policy = POLICY_WITH_COLUMN.replace("COLUMN", text)
+    with pytest.raises(PolicyError) as info:
+        policy_from_text(policy, "p.yaml")
+    assert "is not an identifier for postgres" in str(info.value)
+    assert "p.yaml:11:" in str(info.value)
+
+
+POLICY_WITH_COLUMN = """version: 1
+agents: {"*": [analyst]}
+upstreams:
+  db: {url: "http://127.0.0.1:9"}
+roles:
+  analyst:
+    rules:
+      - id: query
+        upstream: db
+        allow: POST /query
+        sql: {field: sql, dialect: postgres, tables: [orders], schema: {orders: [id, "COLUMN"]}}
+"""

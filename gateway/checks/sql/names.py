@@ -176,7 +176,7 @@ def sqlglot_table_name(text: str, dialect: str) -> TableName:
 
     try:
         table = sqlglot.parse_one(text, read=dialect, into=exp.Table)
-    except SqlglotError:
+    except (SqlglotError, TypeError, ValueError):  # sqlglot raises TypeError on some texts
         raise ValueError(f"{text!r} is not a table name for {dialect}") from None
     if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
         raise ValueError(f"{text!r} is not a table name for {dialect}")
@@ -193,7 +193,7 @@ def sqlglot_column_name(text: str, dialect: str) -> tuple[TableName, str]:
 
     try:
         column = sqlglot.parse_one(text, read=dialect, into=exp.Column)
-    except SqlglotError:
+    except (SqlglotError, TypeError, ValueError):  # sqlglot raises TypeError on some texts
         raise ValueError(f"{text!r} is not a column name for {dialect}") from None
     if not isinstance(column, exp.Column) or not isinstance(column.this, exp.Identifier):
         raise ValueError(f"{text!r} is not a column name for {dialect}")
@@ -209,7 +209,7 @@ def sqlglot_identifier(text: str, dialect: str) -> str:
 
     try:
         ident = exp.parse_identifier(text, dialect=dialect)
-    except SqlglotError:
+    except (SqlglotError, TypeError, ValueError):  # sqlglot raises TypeError on some texts
         raise ValueError(f"{text!r} is not an identifier for {dialect}") from None
     normalized = _normalized(ident, dialect)
     assert isinstance(normalized, exp.Identifier)

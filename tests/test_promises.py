@@ -734,9 +734,12 @@ def _containers(secret: bytes) -> dict[str, bytes]:
 
     zipped = io.BytesIO()
     with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("creds.txt", secret)
+        # A fixed entry time: a zip stamps its entries with the clock (the control below
+        # compares two builds of these bytes, which straddled a second under load).
+        entry = zipfile.ZipInfo("creds.txt", date_time=(2024, 1, 1, 0, 0, 0))
+        archive.writestr(entry, secret, compress_type=zipfile.ZIP_DEFLATED)
     return {
-        "gzip": __import__("gzip").compress(secret),
+        "gzip": __import__("gzip").compress(secret, mtime=0),  # (no clock in the bytes)
         **{f"zlib-{level}": zlib.compress(secret, level) for level in (1, 6, 9)},
         "bzip2": bz2.compress(secret),
         "xz": lzma.compress(secret, format=lzma.FORMAT_XZ),

@@ -42,9 +42,17 @@ def masked_values(body: bytes, shown: bytes) -> dict[str, str]:
     except (ValueError, UnicodeDecodeError):
         return {}
     out: dict[str, str] = {}
+    # SECURITY: a key may hold '.' or '[': {"a.b": x} and {"a": {"b": y}} both read "a.b".
+    # A path that names more than one value is never checkable, or a sender could have the
+    # person confirm one value while the call carries another under the same name.
+    seen: set[str] = set()
+    ambiguous: set[str] = set()
     stack: list[tuple[str, Any, Any]] = [("", original, masked)]
-    while stack and len(out) < MAX_CHECKABLE:
+    while stack:
         path, value, view = stack.pop()
+        if path in seen:
+            ambiguous.add(path)
+        seen.add(path)
         if isinstance(value, dict) and isinstance(view, dict):
             stack.extend(
                 (f"{path}.{k}" if path else str(k), v, view.get(k)) for k, v in value.items()
@@ -55,7 +63,8 @@ def masked_values(body: bytes, shown: bytes) -> dict[str, str]:
             )
         elif isinstance(value, str) and value != view:
             out[path] = value
-    return out
+    checkable = [p for p in out if p not in ambiguous]
+    return {p: out[p] for p in checkable[:MAX_CHECKABLE]}
 
 
 def _digest(value: str, salt: bytes) -> bytes:

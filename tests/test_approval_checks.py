@@ -54,6 +54,27 @@ def test_the_masked_values_are_found_by_path_and_digests_match_only_them() -> No
     assert digests({PATH: "x"})[PATH] != digests({PATH: "x"})[PATH]
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"new.password": "what-the-user-asked", "new": {"password": "the-attackers-choice"}},
+        {"new": {"password": "the-attackers-choice"}, "new.password": "what-the-user-asked"},
+        {"pw[0]": "what-the-user-asked", "pw": ["the-attackers-choice"]},
+    ],
+)
+def test_a_path_that_names_two_values_is_never_checkable(arguments: dict[str, object]) -> None:
+    # A sender controls the keys: with '.' or '[' in one, two values share a path, and the
+    # person would confirm the one the user asked for while the call also carries another.
+    body = json.dumps({"params": {"name": "change_password", "arguments": arguments}}).encode()
+    shown = body.replace(b"what-the-user-asked", b"[redacted]").replace(
+        b"the-attackers-choice", b"[redacted]"
+    )
+    found = masked_values(body, shown)
+    assert "params.arguments.new.password" not in found
+    assert "params.arguments.pw[0]" not in found
+    assert found == {}
+
+
 async def test_the_gateway_holding_the_call_answers_yes_or_no() -> None:
     approvals = Approvals(timeout=5)
     task = asyncio.ensure_future(approvals.hold(held_call(BODY)))

@@ -1497,15 +1497,20 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     try:
         ctx, upstream_pid = _start_upstream(tmp, procs, pinning, log)
         _measure_direct(run, ctx, upstream_pid)
-        _measure_bare_proxy(run, ctx)
         wanted = set(args.scenarios) if args.scenarios else None
         chosen = [sc for sc in SCENARIOS if wanted is None or sc.name in wanted]
         for round_no in range(args.rounds):
             if args.rounds > 1:
                 log(f"round {round_no + 1} of {args.rounds}")
-            # Alternate the order, so no scenario always follows the same one.
+            # The bare proxy is measured in every round too (first, then last: the order
+            # alternates, so no scenario always follows the same one): every ratio is of two
+            # medians over the same stretch of time, not of a median to one early reading.
+            if round_no % 2 == 0:
+                _measure_bare_proxy(run, ctx)
             for sc in chosen if round_no % 2 == 0 else chosen[::-1]:
                 _measure_scenario(run, ctx, sc, round_no)
+            if round_no % 2 == 1:
+                _measure_bare_proxy(run, ctx)
         if args.rounds > 1:
             run.results = median_results(run.results)
         if wanted is None or FOOTPRINT_SCENARIO in wanted:
@@ -1919,7 +1924,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=1,
-        help="measure the scenarios this many times (alternating order); report the median",
+        help="measure the bare proxy and the scenarios this many times (alternating order);"
+        " report the medians",
     )
     return p
 

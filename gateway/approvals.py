@@ -222,7 +222,11 @@ class Approvals:
             held = pending.masked.get(path)
             if held is None:
                 return "not_checkable"
-            return "equal" if hmac.compare_digest(held.encode(), value.encode()) else "different"
+            # (JSON may carry a lone surrogate, on either side: compared as the digests are.)
+            same = hmac.compare_digest(
+                held.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")
+            )
+            return "equal" if same else "different"
         checks = await self.board.checks_of(approval_id) if self.board.shared else None
         if checks is None:
             return "not_found"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import quote
 
 from gateway.errors import AttemptsLimited, QuotaExhausted, RateLimited
@@ -154,20 +155,25 @@ class Limiter:
 
 
 def _rate_limited(rate: Rate, rule_id: str, got: Admission) -> RateLimited:
-    headers = retry_after_header(got.retry_after)
-    return RateLimited(
-        f"the rate of {rate} for rule '{rule_id}' is used up for this agent; "
-        f"retry in {headers['Retry-After']} s",
-        rule=rule_id,
-        headers=headers,
+    return _refused(
+        RateLimited,
+        f"the rate of {rate} for rule '{rule_id}' is used up for this agent",
+        rule_id,
+        got,
     )
 
 
 def _attempts_limited(attempts: Rate, rule_id: str, got: Admission) -> AttemptsLimited:
-    headers = retry_after_header(got.retry_after)
-    return AttemptsLimited(
+    what = (
         f"the attempts of {attempts} at rule '{rule_id}' are used up for this agent "
-        f"(counted before the payload is checked); retry in {headers['Retry-After']} s",
-        rule=rule_id,
-        headers=headers,
+        "(counted before the payload is checked)"
     )
+    return _refused(AttemptsLimited, what, rule_id, got)
+
+
+_Refusal = TypeVar("_Refusal", RateLimited, AttemptsLimited)
+
+
+def _refused(kind: type[_Refusal], what: str, rule_id: str, got: Admission) -> _Refusal:
+    headers = retry_after_header(got.retry_after)
+    return kind(f"{what}; retry in {headers['Retry-After']} s", rule=rule_id, headers=headers)

@@ -90,6 +90,25 @@ async def test_the_gateway_holding_the_call_answers_yes_or_no() -> None:
     assert await approvals.check(pending["id"], PATH, "1j1l-2k3j-secret") == "not_found"
 
 
+async def test_a_lone_surrogate_on_either_side_is_an_answer_not_a_crash() -> None:
+    # JSON's \ud800 escape reads as a lone surrogate: in the held body (the agent's) or in
+    # the value offered (the approver's), the check answers instead of raising.
+    body = json.dumps(
+        {"params": {"name": "change_password", "arguments": {"password": "pw-\ud800-x1y2z3"}}}
+    ).encode()
+    approvals = Approvals(timeout=5)
+    task = asyncio.ensure_future(approvals.hold(held_call(body)))
+    await asyncio.sleep(0.01)
+    [pending] = await approvals.pending()
+    assert pending["checkable"] == [PATH]
+    assert await approvals.check(pending["id"], PATH, "pw-\ud800-x1y2z3") == "equal"
+    assert await approvals.check(pending["id"], PATH, "\udfff") == "different"
+    assert "ud800" not in json.dumps(pending)  # masked in the approvers' view too
+    assert await approvals.decide(pending["id"], False, by="ops") == "decided"
+    with pytest.raises(ApprovalDenied):
+        await task
+
+
 async def test_a_fleet_checks_through_digests_on_the_board(redis_server: RedisServer) -> None:
     one, two = open_store(redis_server.url), open_store(redis_server.url)
     await one.start()

@@ -150,7 +150,11 @@ def test_normalise_is_idempotent_and_alphanumeric(text: str) -> None:
 @settings(max_examples=100, deadline=None)
 @given(ADDRESS, ADDRESS)
 def test_a_value_the_run_did_not_read_is_not_found(read: str, sent: str) -> None:
-    if normalise(read) == normalise(sent) or normalise(sent) in normalise(read):
+    # Found either way round (see ``find``): the value in what was read, or an identifier
+    # of what was read inside the value (an address copied into a longer one is held:
+    # 'a00@a00.com' read, 'aa00@a00.com' sent). Only values with neither are not found.
+    text = normalise(read)
+    if normalise(sent) in text or (len(text) >= MIN_VALUE and text in normalise(sent)):
         return
     assert find({"to": sent}, ["to"], reads(f"mail from {read}")) is None
 

@@ -595,7 +595,10 @@ class Redactor:
             for v in values:
                 if any(s.value and s.value in v for s in secrets):
                     continue  # provenance names it better: [secret:<name>]
-                for form in {json.dumps(v).encode(), json.dumps(v, ensure_ascii=False).encode()}:
+                # (A lone surrogate, which JSON's \ud800 escape reads as, cannot be UTF-8:
+                # its unescaped form is kept as bytes no UTF-8 body holds, never a crash.)
+                unescaped = json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                for form in {json.dumps(v).encode(), unescaped}:
                     extra.append((JSON_VALUE, form))
         literals = self._literals(secrets, extra)
         out, spans, _, _ = self._apply(data, literals)

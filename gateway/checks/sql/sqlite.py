@@ -30,6 +30,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.checks.sql import sqlite_tokens as tok
@@ -108,6 +109,7 @@ _ROWID_NAMES = frozenset({"rowid", "_rowid_", "oid"})
 _OPERATORS = frozenset({"like", "glob"})
 
 Action = tuple[int, str | None, str | None, str | None, str | None]
+Seen = tuple[int, str | None, str | None]  # an action's code and names, without db and trigger
 
 
 def _quote(name: str) -> str:
@@ -160,7 +162,7 @@ class SqliteScratch:
 _NO_SUCH = re.compile(r"no such (table|column|function): (.+)")
 
 
-def _compile_error(rules: SqlRules, error: str, actions: list[Action]) -> Refusal:
+def _compile_error(rules: SqlRules, error: str, actions: list[Seen]) -> Refusal:
     """SQLite refused to compile the text: say why in the policy's words."""
     if error == "multiple":
         return Refusal.of(
@@ -196,14 +198,11 @@ def _table_name(rules: SqlRules, name: str) -> TableName:
     return rules.canonical(TableName("", "", name.lower()))
 
 
-def _judge(rules: SqlRules, actions: list[Action]) -> list[Violation]:
-    """Every action against the policy; the violations found (each action once)."""
+def _judge(rules: SqlRules, actions: list[Seen]) -> list[Violation]:
+    """Every action (each once: ``(code, a, b)`` as the authorizer gave them, without
+    repeats) against the policy; the violations found."""
     out: list[Violation] = []
-    seen: set[tuple[int, str | None, str | None]] = set()
-    for code, a, b, _db, _trigger in actions:
-        if (code, a, b) in seen:
-            continue
-        seen.add((code, a, b))
+    for code, a, b in actions:
         problem = _action_problem(rules, code, a, b)
         if problem is not None:
             out.append(problem)
@@ -306,39 +305,36 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
         tokens.pop()
     if not tokens:
         raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-    _count_joins(rules, tokens)
+    shape = _shape(tokens)
+    if shape.joins > rules.max_joins:
+        raise Refusal.of(
+            Denial.COMPLEX,
+            f"the SQL joins more than {rules.max_joins} times (max_joins); each join "
+            "multiplies what the database may have to read",
+            "joins",
+        )
     first = tok.keyword(tokens[0])
     if first in _LEADING_COMMANDS:
         raise Refusal.of(
             Denial.COMMAND, f"a {first} statement is never allowed", (first or "").lower()
         )
     actions, error = scratch.compile(text)
+    seen = list(dict.fromkeys((code, a, b) for code, a, b, _db, _trigger in actions))
     if error is not None:
-        raise _compile_error(rules, error, actions)
-    violations = _judge(rules, actions)
-    reading = Reading()
-    for code, a, b, _db, _trigger in actions:
-        table = (a or "").lower()
-        if code == sqlite3.SQLITE_READ or code in _KIND_OF_ACTION:
-            canon = _table_name(rules, table)
-            if canon in rules.tables:
-                reading.tables.add(str(canon))
-                if code == sqlite3.SQLITE_READ and b:
-                    reading.columns.add(f"{canon}.{b.lower()}")
-        kind = _KIND_OF_ACTION.get(code) or _DDL_ACTIONS.get(code)
-        if kind is not None and not table.startswith("sqlite_"):
-            reading.kinds.add(kind.value)
-    if _joins_compare_guarded(rules, tokens):
+        raise _compile_error(rules, error, seen)
+    violations = _judge(rules, seen)
+    reading = _reading(rules, seen)
+    if (shape.natural or shape.using) and _names_guarded_table(rules, tokens):
         violations.append(
             Violation(
                 Denial.COLUMN,
                 "NATURAL JOIN and JOIN ... USING compare columns SQLite does not report; they "
                 "are not allowed over a table with denied columns (join ON named columns)",
-                "natural join" if any(tok.keyword(t) == "NATURAL" for t in tokens) else "using",
+                "natural join" if shape.natural else "using",
             )
         )
     if not reading.kinds:
-        if not any(code == sqlite3.SQLITE_SELECT for code, *_ in actions):
+        if not any(code == sqlite3.SQLITE_SELECT for code, *_ in seen):
             violations.append(
                 Violation(Denial.COMMAND, "the statement is not one the rule can allow", "command")
             )
@@ -347,27 +343,38 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
             violations.append(_kind_refused(rules, SqlKind.SELECT))
     refuse_if_any(violations)
     if reading.kinds == {SqlKind.SELECT.value}:
-        _limit(rules, text, tokens, reading)
+        _limit(rules, text, tokens, shape.limit_at, reading)
     return reading
 
 
-def _joins_compare_guarded(rules: SqlRules, tokens: list[tok.Token]) -> bool:
-    """NATURAL or USING in a statement that names a table with denied columns.
+def _reading(rules: SqlRules, actions: list[Seen]) -> Reading:
+    """The tables, columns and statement kinds of the actions SQLite authorized."""
+    reading = Reading()
+    names: dict[str, TableName] = {}
+    for code, a, b in actions:
+        table = (a or "").lower()
+        if code == sqlite3.SQLITE_READ or code in _KIND_OF_ACTION:
+            canon = names.get(table)
+            if canon is None:
+                canon = names[table] = _table_name(rules, table)
+            if canon in rules.tables:
+                reading.tables.add(str(canon))
+                if code == sqlite3.SQLITE_READ and b:
+                    reading.columns.add(f"{canon}.{b.lower()}")
+        kind = _KIND_OF_ACTION.get(code) or _DDL_ACTIONS.get(code)
+        if kind is not None and not table.startswith("sqlite_"):
+            reading.kinds.add(kind.value)
+    return reading
 
-    SQLite does not report the columns such a join compares, nor a joined table none of whose
-    columns is otherwise read; any word naming a guarded table counts (conservative)."""
-    if not rules.deny_columns:
-        return False
-    words = {tok.keyword(t) for t in tokens}
-    if "NATURAL" not in words and "USING" not in words:
-        return False
-    guarded = {t.name.lower() for t in rules.deny_columns}
-    for token in tokens:
-        if token.kind is tok.Kind.NAME:
-            name = token.text[1:-1] if token.quoted else token.text
-            if name.lower() in guarded:
-                return True
-    return False
+
+@dataclass(slots=True)
+class _Shape:
+    """What the statement's tokens say that SQLite's authorizer does not report."""
+
+    joins: int = 0  # each JOIN, and each ',' between FROM items (at the FROM's depth)
+    limit_at: int = -1  # index of the last LIMIT at bracket depth 0 (the outermost query's)
+    natural: bool = False  # a NATURAL keyword
+    using: bool = False  # a USING keyword
 
 
 _CLAUSE_ENDS = frozenset(
@@ -376,36 +383,60 @@ _CLAUSE_ENDS = frozenset(
 )
 
 
-def _count_joins(rules: SqlRules, tokens: list[tok.Token]) -> None:
-    """Joins per statement: each JOIN, and each ',' between FROM items (at the FROM's depth).
+def _shape(tokens: list[tok.Token]) -> _Shape:
+    """One pass over the tokens: joins, the outermost LIMIT, NATURAL and USING.
 
-    Counted on the tokens (SQLite's authorizer does not report joins); an over-count only
-    refuses more."""
-    joins = 0
+    Joins are counted on the tokens (SQLite's authorizer does not report joins); an
+    over-count only refuses more."""
+    shape = _Shape()
     from_depths: set[int] = set()
     depth = 0
-    for token in tokens:
-        word = tok.keyword(token)
-        if token.text == "(" and token.kind is tok.Kind.PUNCT:
-            depth += 1
-        elif token.text == ")" and token.kind is tok.Kind.PUNCT:
-            from_depths.discard(depth)
-            depth -= 1
-        elif word == "FROM":
+    punct = tok.Kind.PUNCT
+    name = tok.Kind.NAME
+    for i, token in enumerate(tokens):
+        kind = token.kind
+        if kind is punct:
+            text = token.text
+            if text == "(":
+                depth += 1
+            elif text == ")":
+                from_depths.discard(depth)
+                depth -= 1
+            elif text == "," and depth in from_depths:
+                shape.joins += 1
+            continue
+        if kind is not name or token.quoted:
+            continue
+        word = token.text.upper()
+        if word == "FROM":
             from_depths.add(depth)
         elif word == "JOIN":
-            joins += 1
+            shape.joins += 1
+        elif word == "NATURAL":
+            shape.natural = True
         elif word in _CLAUSE_ENDS:
             from_depths.discard(depth)
-        elif token.text == "," and depth in from_depths:
-            joins += 1
-    if joins > rules.max_joins:
-        raise Refusal.of(
-            Denial.COMPLEX,
-            f"the SQL joins more than {rules.max_joins} times (max_joins); each join "
-            "multiplies what the database may have to read",
-            "joins",
-        )
+            if word == "LIMIT" and depth == 0:
+                shape.limit_at = i
+            elif word == "USING":
+                shape.using = True
+    return shape
+
+
+def _names_guarded_table(rules: SqlRules, tokens: list[tok.Token]) -> bool:
+    """A word naming a table with denied columns (NATURAL and USING over it are refused).
+
+    SQLite does not report the columns such a join compares, nor a joined table none of whose
+    columns is otherwise read; any word naming a guarded table counts (conservative)."""
+    if not rules.deny_columns:
+        return False
+    guarded = {t.name.lower() for t in rules.deny_columns}
+    for token in tokens:
+        if token.kind is tok.Kind.NAME:
+            name = token.text[1:-1] if token.quoted else token.text
+            if name.lower() in guarded:
+                return True
+    return False
 
 
 def _literal(token: tok.Token) -> int | None:
@@ -419,23 +450,15 @@ def _literal(token: tok.Token) -> int | None:
     return None
 
 
-def _limit(rules: SqlRules, text: str, tokens: list[tok.Token], reading: Reading) -> None:
-    """The outermost query's LIMIT: a literal integer no larger than ``max_limit``."""
+def _limit(rules: SqlRules, text: str, tokens: list[tok.Token], at: int, reading: Reading) -> None:
+    """The outermost query's LIMIT (the token at ``at``, -1: none): a literal integer no
+    larger than ``max_limit``."""
     maximum = rules.max_limit
     last = tokens[-1]
     if tok.outside_comments_and_strings(text, last.end):
         reading.end = last.end
     if maximum is None:
         return
-    depth = 0
-    at = -1
-    for i, token in enumerate(tokens):
-        if token.kind is tok.Kind.PUNCT and token.text == "(":
-            depth += 1
-        elif token.kind is tok.Kind.PUNCT and token.text == ")":
-            depth -= 1
-        elif depth == 0 and tok.keyword(token) == "LIMIT":
-            at = i
     if at < 0:
         reading.missing_limit = True
         return

@@ -183,21 +183,24 @@ def _token_at(text: str, i: int) -> Token:
     return Token(Kind.PUNCT, i, i + 1, c)
 
 
-# The common tokens, read by one regular expression (the per-character rules above cost ~5 µs
-# a token in Python). Each branch stops where the full rules might read on (a non-ASCII
-# character, a second '=', a digit after '.', an exponent, x'...'), and an unmatched or
-# stopped token is read by ``_token_at``: the two readings are the same by construction and
-# by test (tests/checks/test_sql_sqlite_tokens.py).
+# The common tokens, read by one regular expression after the whitespace before them (the
+# per-character rules above cost ~5 µs a token in Python). Each branch stops where the full
+# rules might read on (a non-ASCII character, a digit after '.', an exponent, x'...', '/'
+# before '*', '--', '!'), and a token no branch reads (the last branch, one character) is read
+# by ``_token_at``: the two readings are the same by construction and by test
+# (tests/checks/test_sql_sqlite_tokens.py).
 _FAST = re.compile(
-    r"(?P<space>[ \t\n\f\r]+)"
-    r"|(?P<name>(?![xX]')[A-Za-z_][A-Za-z0-9_$]*)(?![A-Za-z0-9_$]|[^\x00-\x7f])"
+    r"[ \t\n\f\r]*(?:"
+    r"(?P<name>(?![xX]')[A-Za-z_][A-Za-z0-9_$]*)(?![A-Za-z0-9_$]|[^\x00-\x7f])"
     r"|(?P<number>[0-9]+)(?![0-9A-Za-z_$.]|[^\x00-\x7f])"
     r"|(?P<string>'(?:[^']|'')*')(?!')"
     r"|(?P<quoted>\"(?:[^\"]|\"\")*\")(?!\")"
-    r"|(?P<punct>[(),;*+%&~]|=(?!=)|\.(?![0-9]|[^\x00-\x7f]))"
+    r"|(?P<punct>[(),;*+%&~]|==|=|\.(?![0-9]|[^\x00-\x7f])|->>|->|-(?!-)"
+    r"|<[=>]|<<|<|>=|>>|>|!=|\|\||\||/(?!\*))"
+    r"|(?P<other>.))",
+    re.DOTALL,
 )
 _FAST_KIND = {
-    "space": Kind.SPACE,
     "name": Kind.NAME,
     "number": Kind.NUMBER,
     "string": Kind.STRING,
@@ -206,58 +209,40 @@ _FAST_KIND = {
 }
 
 
-def tokens(text: str) -> list[Token]:
-    """Every token of ``text``, whitespace and comments included (as ``Kind.SPACE``)."""
+def code_tokens(text: str) -> list[Token]:
+    """The tokens SQLite compiles: no whitespace, no comments."""
     out: list[Token] = []
-    i = 0
+    append = out.append
+    new = tuple.__new__
+    kinds = _FAST_KIND
     n = len(text)
-    match = _FAST.match
+    i = 0
     while i < n:
-        m = match(text, i)
-        if m is not None and m.lastgroup is not None:
-            j = m.end(m.lastgroup)
+        for m in _FAST.finditer(text, i):
             kind = m.lastgroup
-            token = Token(_FAST_KIND[kind], i, j, text[i:j], quoted=kind == "quoted")
+            if kind == "other":  # a token the expression does not read: the full rules do
+                token = _token_at(text, m.start(kind))
+                if token.kind is not Kind.SPACE:
+                    append(token)
+                i = token.end
+                break
+            assert kind is not None
+            start, end = m.span(kind)
+            append(new(Token, (kinds[kind], start, end, m.group(kind), kind == "quoted")))
         else:
-            token = _token_at(text, i)
-        out.append(token)
-        i = token.end
+            break
     return out
 
 
 def slow_tokens(text: str) -> list[Token]:
-    """``tokens`` by the per-character rules alone (the reference the fast path is tested
-    against)."""
+    """Every token of ``text`` (whitespace and comments as ``Kind.SPACE``) by the
+    per-character rules alone: the reference ``code_tokens`` is tested against."""
     out: list[Token] = []
     i = 0
     n = len(text)
     while i < n:
         token = _token_at(text, i)
         out.append(token)
-        i = token.end
-    return out
-
-
-def code_tokens(text: str) -> list[Token]:
-    """The tokens SQLite compiles: no whitespace, no comments (``tokens`` without them,
-    read without making the whitespace tokens)."""
-    out: list[Token] = []
-    i = 0
-    n = len(text)
-    match = _FAST.match
-    space = Kind.SPACE
-    while i < n:
-        m = match(text, i)
-        if m is not None and m.lastgroup is not None:
-            kind = m.lastgroup
-            j = m.end(kind)
-            if kind != "space":
-                out.append(Token(_FAST_KIND[kind], i, j, text[i:j], kind == "quoted"))
-            i = j
-            continue
-        token = _token_at(text, i)
-        if token.kind is not space:
-            out.append(token)
         i = token.end
     return out
 

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -64,6 +64,11 @@ FORMAT_VERSION = 2  # ``v`` of the lines this module writes; lines without ``typ
 SUMMARY_EVERY = 10.0  # seconds between summary lines (when something was counted)
 ROTATE_RETRY = 60.0  # seconds before a rotation that could not rename the file is tried again
 MAX_SUMMARY_KEYS = 256  # distinct (reason, source) pairs per summary; more go to "other"
+# A ``decision`` line is its record with ``type`` after ``v``: the record's own encoding with
+# ``type`` spliced in after its ``v`` (where ``audit_record`` puts it), not a merged copy of
+# the record encoded again; any other record is merged (``_decision``). Same bytes either way.
+_RECORD_HEAD = b'{"v":%d,' % FORMAT_VERSION
+_DECISION_HEAD = b'{"v":%d,"type":"decision",' % FORMAT_VERSION
 # The members of each line type but ``decision`` (which is an ``AuditRecord`` and ``type``):
 # a closed set each, specified in docs/audit.md and checked by tests/test_advisories.py.
 LINE_FIELDS: dict[str, frozenset[str]] = {
@@ -317,6 +322,14 @@ def _settle(futs: list[asyncio.Future[None]], error: OSError | None) -> None:
             )
 
 
+def _decision(record: AuditRecord) -> bytes:
+    """The JSON of a ``decision`` line of ``record`` (before ``prev``)."""
+    body = orjson.dumps(record, default=str)
+    if body.startswith(_RECORD_HEAD):
+        return _DECISION_HEAD + body[len(_RECORD_HEAD) :]
+    return orjson.dumps({"v": FORMAT_VERSION, "type": "decision", **record}, default=str)
+
+
 def _outcome(record: AuditRecord) -> dict[str, Any]:
     line: dict[str, Any] = {
         "v": FORMAT_VERSION,
@@ -361,7 +374,9 @@ class AuditTrail:
         self._mirror: _Sink | None = None
         self._fd_lock = threading.Lock()
         self._syncer: _Syncer | None = None
-        self._prev = GENESIS
+        self._prev = GENESIS  # the SHA-256 (hex) of the last line written
+        self._prev_member = b""  # ``,"prev":"<_prev>"}``: how the next line ends
+        self._chain_to(GENESIS)
         self._opened = False
         self.lines_written = 0
         self.checkpoints = 0
@@ -393,7 +408,7 @@ class AuditTrail:
             if last is None and self.options.mirror is not None:
                 # The primary is new (a new sandbox) but the mirror survived: continue its chain.
                 last, _ = _read_tail(self.options.mirror)
-            self._prev = hashlib.sha256(last).hexdigest() if last else GENESIS
+            self._chain_to(hashlib.sha256(last).hexdigest() if last else GENESIS)
             if self.options.mirror is not None:
                 self._mirror = self._open_mirror(self.options.mirror, repairs)
         except OSError as exc:
@@ -482,33 +497,52 @@ class AuditTrail:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def _encode(self, record: Mapping[str, Any]) -> bytes:
-        body = orjson.dumps(record, default=str)
-        prev = b'"prev":"' + self._prev.encode() + b'"}\n'
-        return body[:-1] + b"," + prev if len(body) > 2 else b"{" + prev
+    def _chain_to(self, digest: str) -> None:
+        """The next line's ``prev``: ``digest``, the SHA-256 of the line before (hex)."""
+        self._prev = digest
+        self._prev_member = b',"prev":"' + digest.encode() + b'"}'  # its encoding, kept
 
-    def _write(self, line: bytes) -> None:
-        """Write one whole line to every file, or to none (cut back); then advance the chain."""
-        if self._primary is None:
+    def _encode(self, record: Mapping[str, Any]) -> bytes:
+        """The line of ``record`` without its newline: its JSON with ``prev`` last."""
+        return self._chained(orjson.dumps(record, default=str))
+
+    def _chained(self, body: bytes) -> bytes:
+        """The line of ``body`` (the JSON of an object) without its newline, ``prev`` last."""
+        if len(body) > 2:
+            return body[:-1] + self._prev_member
+        return b"{" + self._prev_member[1:]
+
+    def _write(self, content: bytes) -> None:
+        """Write one whole line (``content`` and a newline) to every file, or to none (cut
+        back); then advance the chain to the SHA-256 of ``content``."""
+        primary, mirror = self._primary, self._mirror
+        if primary is None:
             self._failed(OSError(errno.ENOENT, "the audit file is not open"))
-        sinks = [s for s in (self._primary, self._mirror) if s is not None]
+        line = content + b"\n"
+        size = len(line)
         try:
-            for sink in sinks:
-                _write_all(sink.fd, line)
+            # Nearly always one whole write; the rest of a short one is written after it.
+            written = os.write(primary.fd, line)
+            if written < size:
+                _write_all(primary.fd, line[written:])
+            if mirror is not None:
+                _write_all(mirror.fd, line)
         except OSError as exc:
-            for sink in sinks:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(sink.fd, sink.size)
+            for sink in (primary, mirror):
+                if sink is not None:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(sink.fd, sink.size)
             self._failed(exc)
-        for sink in sinks:
-            sink.size += len(line)
-        self._prev = hashlib.sha256(memoryview(line)[:-1]).hexdigest()
+        primary.size += size
+        if mirror is not None:
+            mirror.size += size
+        self._chain_to(hashlib.sha256(content).hexdigest())
         self.lines_written += 1
         self._since_checkpoint += 1
         if self._syncer is not None:
             self._syncer.dirty = True
 
-    def _failed(self, exc: OSError) -> None:
+    def _failed(self, exc: OSError) -> NoReturn:
         self.failures += 1
         if self.error is None:
             self._outage_since = time.time()
@@ -549,9 +583,13 @@ class AuditTrail:
         """One line: the record's JSON with ``prev`` last. Raises ``AuditUnavailable``."""
         if not self._opened:
             return
+        self._append(orjson.dumps(record, default=str))
+
+    def _append(self, body: bytes) -> None:
+        """One line of ``body`` (the JSON of an object), ``prev`` added last."""
         if self.error is not None:
-            self._recover()  # before encoding: the repair line comes first in the chain
-        self._write(self._encode(record))
+            self._recover()  # before chaining: the repair line comes first in the chain
+        self._write(self._chained(body))
         if self._since_checkpoint >= self.options.checkpoint_lines:
             self.checkpoint("periodic")
 
@@ -574,8 +612,7 @@ class AuditTrail:
         if kind == "start" and self.audit_key_id is not None:
             record["audit_key"] = self.audit_key_id  # the digests' key from here on
         unsigned = orjson.dumps(record)[:-1] + b',"prev":"' + self._prev.encode() + b'"'
-        line = self.signer.sign(unsigned) + b"\n"
-        self._write(line)
+        self._write(self.signer.sign(unsigned))
         if self._next_signer is not None:  # this checkpoint vouched for the key line before
             self.signer, self._next_signer = self._next_signer, None
         self._since_checkpoint = 0
@@ -638,7 +675,7 @@ class AuditTrail:
         if not self._opened:
             return None
         for record in records:
-            self.append({"v": FORMAT_VERSION, "type": "decision", **record})
+            self._append(_decision(record))
             # From the first line on, the call's end is an outcome line (even if a later
             # record of the same call cannot be written and the call is refused).
             call.audit_decided = True
@@ -653,13 +690,13 @@ class AuditTrail:
             return
         try:
             if call.audit_decided:
-                self.append(_outcome(records[0]))
+                self._append(orjson.dumps(_outcome(records[0]), default=str))
             elif call.claims is None and call.error is not None:
                 source = call.request.remote if call.request is not None else None
                 self.count_refusal(call.error.reason.value, source)
             else:
                 for record in records:
-                    self.append({"v": FORMAT_VERSION, "type": "decision", **record})
+                    self._append(_decision(record))
         except AuditUnavailable:
             self.unwritten += 1
 

@@ -74,7 +74,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -102,18 +102,6 @@ if TYPE_CHECKING:
     from gateway.audit_record import AuditRecord
     from gateway.call import Call
 
-_ATTRIBUTES = (
-    ("request_id", "capgate.request_id"),
-    ("agent", "capgate.agent"),
-    ("run", "capgate.run"),
-    ("upstream", "capgate.upstream"),
-    ("rule", "capgate.rule"),
-    ("decision", "capgate.decision"),
-    ("reason", "capgate.reason"),
-    ("method", "http.request.method"),
-    ("path", "url.path"),
-    ("status", "http.response.status_code"),
-)
 # Span names hold only these methods; any other (agent-chosen) method is named "HTTP".
 _SPAN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -153,6 +141,7 @@ SPAN_QUEUE = 16_384  # spans the batch processor holds (six a call) before it dr
 SCOPE = InstrumentationScope("capgate", __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
+_SERVER, _CLIENT = SpanKind.SERVER, SpanKind.CLIENT  # (an enum member read costs ~0.2 us)
 _AGENT_LINK = {"capgate.link": "agent"}
 
 
@@ -188,6 +177,28 @@ class CallTrace:
 def traceparent(trace_id: int, span_id: int) -> str:
     """The W3C ``traceparent`` of a sampled span (what the SDK's propagator writes)."""
     return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+def span_attributes(record: AuditRecord) -> dict[str, Any]:
+    """The server span's attributes: the record's, under their OpenTelemetry names; a field
+    without a value (no agent, no rule, no status) is left out."""
+    # Member by member: a third of the cost of a loop over (field, name) pairs.
+    attributes: dict[str, Any] = {"capgate.request_id": record["request_id"]}
+    if (agent := record["agent"]) is not None:
+        attributes["capgate.agent"] = agent
+    if (run := record["run"]) is not None:
+        attributes["capgate.run"] = run
+    if (upstream := record["upstream"]) is not None:
+        attributes["capgate.upstream"] = upstream
+    if (rule := record["rule"]) is not None:
+        attributes["capgate.rule"] = rule
+    attributes["capgate.decision"] = record["decision"]
+    attributes["capgate.reason"] = record["reason"]
+    attributes["http.request.method"] = record["method"]
+    attributes["url.path"] = record["path"]
+    if (status := record["status"]) is not None:
+        attributes["http.response.status_code"] = status
+    return attributes
 
 
 # W3C Trace Context, section 3.2: version-traceid-parentid-flags, lower-case hex; a later
@@ -480,9 +491,7 @@ class Telemetry:
         self, call: Call, record: AuditRecord, ct: CallTrace, processor: SpanProcessor
     ) -> None:
         end_ns = time.time_ns()
-        attributes: dict[str, Any] = {
-            name: value for key, name in _ATTRIBUTES if (value := record.get(key)) is not None
-        }
+        attributes = span_attributes(record)
         method = record["method"]
         name = method if method in _SPAN_METHODS else "HTTP"
         if call.policy is not None and record["upstream"] in call.policy.upstreams:
@@ -501,7 +510,7 @@ class Telemetry:
                 resource,
                 attributes,
                 links=ct.links,
-                kind=SpanKind.SERVER,
+                kind=_SERVER,
                 status=status,
                 start_time=ct.start_ns,
                 end_time=end_ns,
@@ -511,28 +520,11 @@ class Telemetry:
         marks = call.marks
         assert marks is not None  # set with the trace
         zero = ct.start_ns - int(marks[0] * 1e9)  # monotonic seconds -> epoch nanoseconds
-        last = len(marks) - 1
-        shortest = self.phase_min
         refused = call.error is not None and call.response is None
-        for phase, first, after in self.phases:
-            if first >= last or (phase == "capgate approval" and not call.held):
-                continue
-            began, ended = marks[first], marks[min(after, last)]
-            # A fast phase of a call that went on says nothing the gap before the upstream
-            # span does not; the phase that refused a call, or a slow one, is shown.
-            if ended - began < shortest and not (refused and after >= last):
-                continue
-            out.append(
-                ReadableSpan(
-                    phase,
-                    SpanContext(trace_id, _IDS.getrandbits(64) or 1, False, SAMPLED),
-                    server,
-                    resource,
-                    start_time=zero + int(began * 1e9),
-                    end_time=zero + int(ended * 1e9),
-                    instrumentation_scope=SCOPE,
-                )
-            )
+        # Each phase lies between the first mark and the last: when the checks took less in
+        # all than one phase needs to be shown, and none refused the call, none is shown.
+        if refused or marks[-1] - marks[0] >= self.phase_min:
+            out.extend(self._phase_spans(call, marks, refused, server, zero))
         if ct.upstream_id:
             up_failed = call.response is None and call.error is not None
             ended = call.upstream_ended or time.monotonic()
@@ -543,7 +535,7 @@ class Telemetry:
                     server,
                     resource,
                     {"capgate.upstream": record["upstream"] or ""},
-                    kind=SpanKind.CLIENT,
+                    kind=_CLIENT,
                     status=Status(StatusCode.ERROR, record["reason"]) if up_failed else _UNSET,
                     start_time=zero + int(call.upstream_started * 1e9),
                     end_time=zero + int(ended * 1e9),
@@ -552,6 +544,30 @@ class Telemetry:
             )
         for span in out:
             processor.on_end(span)
+
+    def _phase_spans(
+        self, call: Call, marks: list[float], refused: bool, server: SpanContext, zero: int
+    ) -> Iterator[ReadableSpan]:
+        """The child spans of the check phases that refused the call or took long enough."""
+        last = len(marks) - 1
+        shortest = self.phase_min
+        for phase, first, after in self.phases:
+            if first >= last or (phase == "capgate approval" and not call.held):
+                continue
+            began, ended = marks[first], marks[min(after, last)]
+            # A fast phase of a call that went on says nothing the gap before the upstream
+            # span does not; the phase that refused a call, or a slow one, is shown.
+            if ended - began < shortest and not (refused and after >= last):
+                continue
+            yield ReadableSpan(
+                phase,
+                SpanContext(server.trace_id, _IDS.getrandbits(64) or 1, False, SAMPLED),
+                server,
+                self._resource,
+                start_time=zero + int(began * 1e9),
+                end_time=zero + int(ended * 1e9),
+                instrumentation_scope=SCOPE,
+            )
 
     def flush(self) -> None:
         if self._spans is not None:

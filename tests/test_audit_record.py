@@ -1,14 +1,16 @@
-"""The audit record's keyed digests: exactly HMAC-SHA256 (RFC 2104), whole or streamed."""
+"""The audit record's keyed digests: exactly HMAC-SHA256 (RFC 2104), whole or streamed; its
+times and durations: exactly the plain formatting they replace."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.audit_record import BodyMac, names
+from gateway.audit_record import BodyMac, milliseconds, names, timestamp
 
 
 @given(
@@ -43,3 +45,18 @@ def test_names_are_deduplicated_and_capped() -> None:
     mac = BodyMac(b"k" * 32)
     assert names(mac, ["a", "b", "a"]) == ["a", "b"]
     assert len(names(mac, [f"t{i}" for i in range(100)])) == 32
+
+
+@given(st.floats(min_value=0, max_value=4e9, allow_nan=False))
+def test_timestamps_are_utc_to_the_millisecond(t: float) -> None:
+    whole = int(t)
+    expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    millis = min(int((t - whole) * 1000), 999)  # (a fraction a hair below 1 stays in its second)
+    assert timestamp(t) == f"{expected}.{millis:03d}Z"
+
+
+@given(st.floats(min_value=0, max_value=1e6, allow_nan=False))
+def test_durations_are_milliseconds_to_the_microsecond(seconds: float) -> None:
+    ms = milliseconds(seconds)
+    assert abs(ms - round(seconds * 1000, 3)) <= 0.001 + 1e-9 * ms
+    assert ms == round(ms, 3)  # written with three decimals at most

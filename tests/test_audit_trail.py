@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.audit_sign import CheckpointSigner, load_verify_keys
@@ -199,6 +200,31 @@ def test_values_are_json_encoded_safely(tmp_path: Path) -> None:
     assert json.loads(line)["detail"] == "line\nbreak\r and \u2028"
     assert json.loads(line)["path"] == "/x"
     assert verify(path) == (1, None)
+
+
+def test_a_decision_line_is_its_record_with_type_after_v(tmp_path: Path) -> None:
+    # The record's own encoding with ``type`` spliced in after ``v`` (its first member, as
+    # the audit stage builds it), or the merged record when ``v`` is not first or another
+    # version: the same bytes either way.
+    path = tmp_path / "a.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    records: list[dict[str, Any]] = [
+        {"v": 2, "request_id": "r1", "agent": None, "request_body": {"size": 3, "hmac": "ab"}},
+        {"request_id": "r2", "v": 2},
+        {"v": 1, "request_id": "r3"},
+        {"v": 2},
+    ]
+    for record in records:
+        trail.call_decided(make_call(), [record])  # type: ignore[list-item]
+    trail.close()
+    lines = path.read_bytes().splitlines()
+    prev = GENESIS
+    for line, record in zip(lines, records, strict=True):
+        merged = orjson.dumps({"v": 2, "type": "decision", **record})
+        assert line == merged[:-1] + b',"prev":"' + prev.encode() + b'"}'
+        prev = hashlib.sha256(line).hexdigest()
+    assert verify(path) == (4, None)
 
 
 def test_truncating_the_last_line_is_not_detected(tmp_path: Path) -> None:

@@ -554,3 +554,33 @@ async def test_fast_phases_get_no_span_but_a_refusing_one_does(
     ).status == 401
     names = [s.name for s in exporter.get_finished_spans()]
     assert "capgate authenticate" in names and "capgate upstream" not in names
+
+
+def test_a_slow_phase_among_fast_ones_gets_its_span() -> None:
+    """Phase spans are looked for only when the checks took at least ``phase_min`` in all (or
+    one refused the call): a slow phase is still found; quick checks give none."""
+    from multidict import CIMultiDict
+
+    from gateway.audit_record import BodyMac
+    from gateway.stages.audit import audit_records
+    from gateway.testing import make_call
+
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry(Plan(), span_exporter=exporter)
+    telemetry.phase_min = 0.001
+    telemetry.phases = (("capgate authenticate", 0, 1), ("capgate match", 1, 2))
+    for steps, shown in (
+        ([0.0001, 0.0001], []),  # 0.2 ms in all
+        ([0.0002, 0.003], ["capgate match"]),
+        ([0.002, 0.0001], ["capgate authenticate"]),
+    ):
+        call = make_call("GET", "/metrics/metrics/cpu", headers={})
+        call.outbound_headers = CIMultiDict()
+        telemetry.call_started(call)
+        assert call.marks is not None
+        for step in steps:
+            call.marks.append(call.marks[-1] + step)
+        telemetry.call_ended(call, audit_records(call, BodyMac(None)))
+        names = [s.name for s in exporter.get_finished_spans()]
+        assert [n for n in names if n.startswith("capgate ")] == shown
+        exporter.clear()

@@ -17,6 +17,7 @@ from gateway.audit_record import (
     AuditRecord,
     BodyMac,
     McpSummary,
+    milliseconds,
     names,
     timestamp,
 )
@@ -53,7 +54,7 @@ def audit_record(call: Call, mac: BodyMac) -> AuditRecord:
         "decision": "deny" if err is not None and call.response is None else "allow",
         "reason": err.reason.value if err is not None else "allowed",
         "status": call.status,
-        "duration_ms": round((time.monotonic() - call.started) * 1000, 3),
+        "duration_ms": milliseconds(time.monotonic() - call.started),
     }
     if target is not None and target.query_pairs:
         record["query"] = names(mac, [name for name, _ in target.query_pairs])
@@ -89,7 +90,7 @@ def _ended(decided: AuditRecord, call: Call) -> AuditRecord:
     record["decision"] = "deny" if err is not None and call.response is None else "allow"
     record["reason"] = err.reason.value if err is not None else "allowed"
     record["status"] = call.status
-    record["duration_ms"] = round((time.monotonic() - call.started) * 1000, 3)
+    record["duration_ms"] = milliseconds(time.monotonic() - call.started)
     if call.response_digest is not None:
         record["response_body"] = call.response_digest
     if call.operator is not None:
@@ -110,7 +111,10 @@ def audit_records(call: Call, mac: BodyMac) -> list[AuditRecord]:
         return [_ended(decided[0], call)]
     base = audit_record(call, mac)
     ops = call.operations
-    if not ops or all(op.rpc is None for op in ops):
+    for op in ops:
+        if op.rpc is not None:
+            break
+    else:  # no JSON-RPC message: one record
         return [base]
     out: list[AuditRecord] = []
     for op in ops:

@@ -59,6 +59,19 @@ def spans() -> list[ReadableSpan]:
                 instrumentation_scope=SCOPE,
             )
         )
+        out.append(  # a remote parent, an OK status, a name that is not ASCII
+            ReadableSpan(
+                "capgate v\u00e9rifie",
+                SpanContext(server.trace_id, 0xFFFFFFFFFFFFFFF0 + i, False, sampled),
+                agent,
+                resource,
+                kind=SpanKind.INTERNAL,
+                status=Status(StatusCode.OK),
+                start_time=5,
+                end_time=6,
+                instrumentation_scope=SCOPE,
+            )
+        )
         out.append(
             ReadableSpan(
                 "capgate checks",

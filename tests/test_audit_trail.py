@@ -303,6 +303,44 @@ def test_a_line_is_written_to_every_file_or_to_none(tmp_path: Path) -> None:
     assert verify(tmp_path / "audit.jsonl") == (3, None)
 
 
+def test_a_short_write_is_completed_or_cut_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first write of a line is its whole line nearly always; when the OS takes only part
+    # of it, the rest follows; when the rest fails, the part written is cut back, the chain
+    # does not advance and the call is refused.
+    path = tmp_path / "audit.jsonl"
+    trail = AuditTrail(path)
+    trail.open()
+    real = os.write
+    writes: list[int] = []
+
+    def partly(fd: int, data: bytes) -> int:
+        writes.append(len(data))
+        if len(writes) == 1:
+            return real(fd, data[:10])
+        if fail_rest:
+            raise OSError(28, "No space left on device")
+        return real(fd, data)
+
+    fail_rest = False
+    monkeypatch.setattr("gateway.audit_trail.os.write", partly)
+    trail.append({"n": 1})
+    assert len(writes) == 2 and writes[1] == writes[0] - 10
+    writes.clear()
+    size = path.stat().st_size
+    fail_rest = True
+    with pytest.raises(AuditUnavailable):
+        trail.append({"n": 2})
+    assert path.stat().st_size == size and trail.error is not None
+    monkeypatch.setattr("gateway.audit_trail.os.write", real)
+    trail.append({"n": 3})
+    trail.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x.get("n") for x in lines] == [1, None, 3]  # the repair line between
+    assert verify(path) == (3, None)
+
+
 def test_refusals_are_counted_into_one_summary_with_bounded_sources(tmp_path: Path) -> None:
     trail = AuditTrail(tmp_path / "audit.jsonl")
     trail.open()

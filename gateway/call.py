@@ -168,11 +168,20 @@ class Call:
         declared = self.request.content_length
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+        content = self.request.content
+        if content.is_eof():
+            # The whole body is here already (a small body comes with the head): no timer,
+            # no wait. A stream that failed raises its error, as reading it would.
+            body = content.read_nowait(-1)
+            if len(body) > limit:
+                raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+            self.body = body
+            return body
         chunks: list[bytes] = []
         size = 0
         try:
             async with asyncio.timeout(BODY_READ_TIMEOUT):
-                async for chunk in self.request.content.iter_any():
+                async for chunk in content.iter_any():
                     size += len(chunk)
                     if size > limit:
                         raise PayloadTooLarge(f"the request body is larger than {limit} bytes")

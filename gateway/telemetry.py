@@ -68,6 +68,7 @@ metric                          kind       labels
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -371,6 +372,7 @@ class Telemetry:
         self._out: IO[str] | None = None
         self._spans: SpanProcessor | None = None
         self._meter_provider: MeterProvider | None = None
+        self._network: list[Any] = []  # the OTLP exporters (their retries end at shutdown)
         self.metrics: CallMetrics | None = None
         self.prometheus_registry: Any = None
         self.phases: tuple[tuple[str, int, int], ...] = ()  # set by the pipeline
@@ -403,6 +405,7 @@ class Telemetry:
             exporter = OTLPSpanExporter(
                 endpoint=p.spans_endpoint, headers=dict(p.headers), timeout=EXPORT_TIMEOUT
             )
+            self._network.append(exporter)
         elif p.spans == "discard":
             exporter = _Discard()
         else:
@@ -425,6 +428,7 @@ class Telemetry:
             exporter = OTLPMetricExporter(
                 endpoint=p.metrics_endpoint, headers=dict(p.headers), timeout=EXPORT_TIMEOUT
             )
+            self._network.append(exporter)
             readers.append(
                 PeriodicExportingMetricReader(
                     exporter, export_interval_millis=p.metrics_interval * 1000
@@ -598,6 +602,12 @@ class Telemetry:
                     "dropped (is the collector reachable?)",
                     CLOSE_WAIT,
                 )
+                # An export still retrying (the SDK backs off for up to its whole timeout)
+                # ends at its next wait once its exporter is shut down: no thread outlives
+                # the stop by more than one attempt.
+                for exporter in self._network:
+                    with contextlib.suppress(Exception):
+                        exporter.shutdown()
                 return  # the file, if any, is left to the exporting thread and the exit
         if self._out is not None:
             self._out.close()

@@ -120,7 +120,7 @@ class TableName(NamedTuple):
     name: str
 
     def __str__(self) -> str:
-        return ".".join(p for p in self if p)
+        return ".".join([p for p in self if p])
 
 
 def parse_table_name(text: str, dialect: str) -> TableName:

@@ -123,6 +123,14 @@ def _unwrap(node: Json) -> tuple[str, Json]:
     return kind, value
 
 
+# The node types ``_Reader.node`` looks at; the walk goes through every other one.
+_LOOKED_AT = frozenset(
+    {"ColumnRef", "FuncCall", "SubLink", "SQLValueFunction", "RangeVar", "A_Expr"}
+    | {"SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"}
+    | {"XmlExpr", "XmlSerialize", "RangeTableFunc"}
+)
+
+
 class _Reader:
     """One walk over one statement's tree, collecting what it reaches and what is wrong."""
 
@@ -521,14 +529,20 @@ class _Reader:
     def walk(
         self, node: Any, scope: _Scope, ctes: dict[str, _Source], *, table_function: bool = False
     ) -> None:
-        """Every node below ``node`` (iteratively: operator chains are deep)."""
+        """Every node below ``node`` (iteratively: operator chains are deep).
+
+        A node is a one-key dict whose key is a node type (``{"ColumnRef": {...}}``); the
+        types ``_LOOKED_AT`` are looked at (``node``), every other is walked through."""
         stack: list[Any] = [node]
+        pop, push, extend = stack.pop, stack.append, stack.extend
+        looked_at = _LOOKED_AT
         while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
+            item = pop()
+            kind = type(item)  # orjson makes exactly dict and list
+            if kind is list:
+                extend(item)
                 continue
-            if not isinstance(item, dict):
+            if kind is not dict:
                 continue
             self.nodes += 1
             if self.nodes > MAX_NODES:
@@ -537,12 +551,15 @@ class _Reader:
                 )
             if len(item) == 1:
                 ((key, value),) = item.items()
-                if key[:1].isupper() and isinstance(value, dict):
-                    children = self.node(key, value, scope, ctes, table_function)
-                    if children is not None:
-                        stack.append(children)
+                if type(value) is dict and key[:1].isupper():
+                    if key in looked_at:
+                        children = self.node(key, value, scope, ctes, table_function)
+                        if children is not None:
+                            push(children)
+                    else:
+                        push(value)
                     continue
-            stack.extend(item.values())
+            extend(item.values())
 
     def node(
         self, kind: str, value: Json, scope: _Scope, ctes: dict[str, _Source], table_fn: bool

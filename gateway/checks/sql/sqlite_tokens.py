@@ -200,13 +200,14 @@ _FAST = re.compile(
     r"|(?P<other>.))",
     re.DOTALL,
 )
-_FAST_KIND = {
-    "name": Kind.NAME,
-    "number": Kind.NUMBER,
-    "string": Kind.STRING,
-    "quoted": Kind.NAME,
-    "punct": Kind.PUNCT,
-}
+# By group number (``Match.lastindex``): 1 name, 2 number, 3 string, 4 quoted, 5 punct,
+# 6 other (a token the expression does not read).
+_FAST_KIND = (None, Kind.NAME, Kind.NUMBER, Kind.STRING, Kind.NAME, Kind.PUNCT)
+_QUOTED = 4
+_OTHER = 6
+assert _FAST.groupindex == {
+    "name": 1, "number": 2, "string": 3, "quoted": 4, "punct": 5, "other": 6
+}  # fmt: skip
 
 
 def code_tokens(text: str) -> list[Token]:
@@ -219,16 +220,16 @@ def code_tokens(text: str) -> list[Token]:
     i = 0
     while i < n:
         for m in _FAST.finditer(text, i):
-            kind = m.lastgroup
-            if kind == "other":  # a token the expression does not read: the full rules do
-                token = _token_at(text, m.start(kind))
+            group = m.lastindex
+            if group == _OTHER:  # a token the expression does not read: the full rules do
+                token = _token_at(text, m.start(group))
                 if token.kind is not Kind.SPACE:
                     append(token)
                 i = token.end
                 break
-            assert kind is not None
-            start, end = m.span(kind)
-            append(new(Token, (kinds[kind], start, end, m.group(kind), kind == "quoted")))
+            assert group is not None
+            start, end = m.span(group)
+            append(new(Token, (kinds[group], start, end, text[start:end], group == _QUOTED)))
         else:
             break
     return out

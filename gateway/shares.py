@@ -8,7 +8,10 @@ Waiters are served in arrival order among those that can go: an agent at its sha
 holds up another agent that is under its own.
 
 Everything here runs on the event loop (no locks); the state is a count per agent holding
-slots (bounded by ``capacity``) and a queue of waiters (bounded by the callers' deadlines).
+slots (bounded by ``capacity``) and a queue of waiters per agent (bounded by the callers'
+deadlines). Handing out a freed slot costs one look at the head of each waiting agent's
+queue, not one at every waiter: an agent that floods a resource with waiting calls makes
+its own queue long, not every other agent's release slow.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from gateway.errors import ConcurrencyLimited
 class _Waiter:
     agent: str
     future: asyncio.Future[None]
+    seq: int  # arrival order, across agents
+    gone: bool = False  # served, expired or cancelled: no longer counted as waiting
 
 
 class Shares:
@@ -39,7 +44,12 @@ class Shares:
         self.per_agent = min(per_agent, capacity)
         self._held: dict[str, int] = {}
         self._total = 0
-        self._waiters: collections.deque[_Waiter] = collections.deque()
+        # Each waiting agent's waiters in arrival order; an entry that is ``gone`` is skipped
+        # when it reaches the head (removing it from the middle would cost its queue's length).
+        self._queues: dict[str, collections.deque[_Waiter]] = {}
+        self._live: dict[str, int] = {}  # each waiting agent's waiters not gone
+        self._waiting = 0
+        self._seq = 0
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -56,7 +66,7 @@ class Shares:
             "capacity": self.capacity,
             "per_agent": self.per_agent,
             "in_use": self._total,
-            "waiting": len(self._waiters),
+            "waiting": self._waiting,
             "agents_at_share": sorted(a for a, n in self._held.items() if n >= self.per_agent),
         }
 
@@ -89,19 +99,45 @@ class Shares:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand freed slots to the first waiters that can take them (arrival order)."""
-        if not self._waiters:
-            return
-        for waiter in list(self._waiters):
-            if self._total >= self.capacity:
+        """Hand freed slots to waiters that can take them: of the agents under their share,
+        the one whose next waiter came first (arrival order across agents)."""
+        while self._waiting and self._total < self.capacity:
+            first: _Waiter | None = None
+            for agent, queue in list(self._queues.items()):  # (_head may drop a queue)
+                if self._held.get(agent, 0) >= self.per_agent:
+                    continue
+                head = self._head(queue)
+                if head is not None and (first is None or head.seq < first.seq):
+                    first = head
+            if first is None:
                 return
-            if waiter.future.done():
-                self._waiters.remove(waiter)
-                continue
-            if self._held.get(waiter.agent, 0) < self.per_agent:
-                self._waiters.remove(waiter)
-                self._take(waiter.agent)  # taken on the waiter's behalf, before it runs
-                waiter.future.set_result(None)
+            self._forget(first)
+            self._take(first.agent)  # taken on the waiter's behalf, before it runs
+            first.future.set_result(None)
+
+    def _head(self, queue: collections.deque[_Waiter]) -> _Waiter | None:
+        """The first waiter of ``queue`` still waiting (dropping those gone before it)."""
+        while queue:
+            head = queue[0]
+            if not head.gone and not head.future.done():
+                return head
+            queue.popleft()
+            self._forget(head)  # a future cancelled with its task, not yet forgotten
+        return None
+
+    def _forget(self, waiter: _Waiter) -> None:
+        """``waiter`` no longer waits (once); an agent with no waiter left has no queue."""
+        if waiter.gone:
+            return
+        waiter.gone = True
+        self._waiting -= 1
+        agent = waiter.agent
+        left = self._live[agent] - 1
+        if left:
+            self._live[agent] = left
+        else:
+            del self._live[agent]
+            del self._queues[agent]
 
     async def acquire(self, agent: str, wait: float) -> None:
         """Take a slot for ``agent``, waiting up to ``wait`` seconds; ``ConcurrencyLimited``
@@ -114,8 +150,14 @@ class Shares:
         # an agent at its share take this path, so it is kept lean). ``_wake`` resolves the
         # future with the slot already taken; the timer fails it with the refusal.
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(agent, loop.create_future())
-        self._waiters.append(waiter)
+        self._seq += 1
+        waiter = _Waiter(agent, loop.create_future(), self._seq)
+        queue = self._queues.get(agent)
+        if queue is None:
+            queue = self._queues[agent] = collections.deque()
+        queue.append(waiter)
+        self._live[agent] = self._live.get(agent, 0) + 1
+        self._waiting += 1
         timer = loop.call_later(wait, self._expire, waiter)
         try:
             await waiter.future
@@ -124,8 +166,7 @@ class Shares:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(agent)  # granted in the same instant: give it back
             else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                self._forget(waiter)
             raise
         finally:
             timer.cancel()
@@ -133,8 +174,7 @@ class Shares:
     def _expire(self, waiter: _Waiter) -> None:
         if waiter.future.done():
             return
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+        self._forget(waiter)
         waiter.future.set_exception(self.refusal(waiter.agent))
 
     @contextlib.asynccontextmanager

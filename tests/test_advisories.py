@@ -2091,3 +2091,38 @@ def test_a_later_audit_signing_key_cannot_re_sign_lines_written_before_it(
     assert check.returncode == 1, check.stdout
     assert check.stdout.startswith(f"{audit}:{first + 1}: checkpoint signed by kid {new_kid}")
     assert "re-signed with another key" in check.stdout
+
+
+# --- shares: one agent's waiting calls and everyone else's releases (CG-2026-38) -----------
+
+
+async def test_one_agents_waiting_calls_do_not_slow_every_release() -> None:
+    """CG-2026-38 (issue 15): every slot given back (an upstream call ended, a held call was
+    decided, a check worker finished) looked at every waiter of the resource, all agents'
+    together. An agent at its share with 1,000 calls waiting for an upstream (each waits up
+    to the upstream's connect timeout) made each release of every other agent's call cost
+    ~155 us of the event loop instead of ~2 us. Waiters now queue per agent, and a release
+    looks at the head of each waiting agent's queue."""
+    import time
+
+    from gateway.shares import Shares
+
+    async def release_cost(flood: int) -> float:
+        shares = Shares("calls in flight to upstream 'up'", capacity=64, per_agent=16)
+        for _ in range(16):
+            assert shares.try_acquire("flood")
+        waiting = [asyncio.ensure_future(shares.acquire("flood", 30)) for _ in range(flood)]
+        await asyncio.sleep(0)
+        started = time.process_time()
+        for _ in range(2000):
+            assert shares.try_acquire("polite")
+            shares.release("polite")
+        cost = time.process_time() - started
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert shares.snapshot()["waiting"] == 0
+        return cost
+
+    few, many = await release_cost(10), await release_cost(1000)
+    assert many < few * 5 + 0.05, (few, many)  # was ~50x

@@ -90,6 +90,7 @@ async def test_random_interleavings_keep_the_invariants() -> None:
     await asyncio.gather(*(worker(rng.choice(agents)) for _ in range(20)))
     assert shares.in_use == 0 and shares.snapshot()["waiting"] == 0
     assert max(peak.values()) == 2
+    assert not shares._queues and not shares._live  # no agent's queue outlives its waiters
 
 
 async def test_a_slot_granted_as_its_waiter_is_cancelled_comes_back() -> None:
@@ -118,3 +119,38 @@ async def test_a_wait_that_times_out_names_whose_share_was_full(
     assert "agent 'a' already holds its share" in str(results[0])
     assert shares.snapshot()["waiting"] == 0 and shares.in_use == 1
     assert "never retrieved" not in caplog.text
+
+
+async def test_freed_slots_go_in_arrival_order_across_agents() -> None:
+    """Waiters of several agents are served in the order they came, each agent within its
+    share; one at its share is passed over, not waited for."""
+    shares = Shares("slots", capacity=3, per_agent=2)
+    for agent in ("a", "a", "b"):
+        await shares.acquire(agent, 0)
+    served: list[str] = []
+
+    async def wait(agent: str) -> None:
+        await shares.acquire(agent, 5)
+        served.append(agent)
+
+    order = ["c", "a", "b", "c", "d"]
+    tasks = []
+    for agent in order:
+        tasks.append(asyncio.create_task(wait(agent)))
+        await asyncio.sleep(0)  # each waits before the next arrives
+    assert shares.snapshot()["waiting"] == 5
+    shares.release("b")  # c came first
+    await asyncio.sleep(0)
+    assert served == ["c"]
+    shares.release("a")  # a's waiter came next, and a is under its share again
+    await asyncio.sleep(0)
+    assert served == ["c", "a"]
+    shares.release("c")  # b, then (after a release) c again, then d
+    await asyncio.sleep(0)
+    shares.release("a")
+    await asyncio.sleep(0)
+    shares.release("a")
+    await asyncio.sleep(0)
+    assert served == ["c", "a", "b", "c", "d"]
+    assert shares.snapshot()["waiting"] == 0 and not shares._queues
+    await asyncio.gather(*tasks)

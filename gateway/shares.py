@@ -133,11 +133,16 @@ class Shares:
         self._waiting -= 1
         agent = waiter.agent
         left = self._live[agent] - 1
-        if left:
-            self._live[agent] = left
-        else:
+        if not left:
             del self._live[agent]
             del self._queues[agent]
+            return
+        self._live[agent] = left
+        queue = self._queues[agent]
+        if len(queue) > 2 * left + 32:
+            # Mostly waiters gone (expired while their agent stayed at its share): keep the
+            # live ones, so a queue never holds more than twice them (amortised O(1) each).
+            self._queues[agent] = collections.deque(w for w in queue if not w.gone)
 
     async def acquire(self, agent: str, wait: float) -> None:
         """Take a slot for ``agent``, waiting up to ``wait`` seconds; ``ConcurrencyLimited``

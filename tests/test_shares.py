@@ -154,3 +154,20 @@ async def test_freed_slots_go_in_arrival_order_across_agents() -> None:
     assert served == ["c", "a", "b", "c", "d"]
     assert shares.snapshot()["waiting"] == 0 and not shares._queues
     await asyncio.gather(*tasks)
+
+
+async def test_waiters_that_expire_behind_a_full_share_do_not_pile_up() -> None:
+    """An agent stays at its share while its later calls keep timing out behind one that
+    still waits: the queue keeps the live waiters, not every one that ever expired."""
+    shares = Shares("slots", capacity=4, per_agent=1)
+    await shares.acquire("a", 0)
+    patient = asyncio.create_task(shares.acquire("a", 5))
+    await asyncio.sleep(0)
+    for _ in range(300):
+        with pytest.raises(ConcurrencyLimited):
+            await shares.acquire("a", 0.0001)
+        assert len(shares._queues["a"]) <= 2 * 1 + 32 + 1
+    assert shares.snapshot()["waiting"] == 1
+    shares.release("a")
+    await asyncio.wait_for(patient, 1)
+    assert shares.held_by("a") == 1 and not shares._queues

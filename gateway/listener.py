@@ -121,6 +121,11 @@ class AgentConnection(RequestHandler):
         super().__init__(manager, keepalive_timeout=guard.idle_timeout, **kwargs)
         self.guard = guard
         self.in_request = False
+        # When the head now arriving began (loop time; None: no head in progress), and the
+        # one timer that checks it. The timer is not cancelled when a head completes: when it
+        # fires it lapses, or re-arms for the head in progress then, so a keep-alive
+        # connection makes a timer per head_timeout, not one per request.
+        self._head_since: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -129,38 +134,44 @@ class AgentConnection(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.guard.open -= 1
-        self._cancel_head_timer()
+        self._head_since = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if not self.in_request and self._head_timer is None:
-            self._head_timer = asyncio.get_running_loop().call_later(
-                self.guard.head_timeout, self._head_expired
-            )
+        if not self.in_request and self._head_since is None:
+            loop = asyncio.get_running_loop()
+            self._head_since = now = loop.time()
+            if self._head_timer is None:
+                self._head_timer = loop.call_at(now + self.guard.head_timeout, self._head_check)
         super().data_received(data)
 
     def request_started(self) -> None:
         """The head arrived whole (the handler runs): no more head deadline for it."""
         self.in_request = True
         self.guard.busy += 1
-        self._cancel_head_timer()
+        self._head_since = None
 
     def request_ended(self) -> None:
         self.in_request = False
         self.guard.busy -= 1
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_expired(self) -> None:
+    def _head_check(self) -> None:
         self._head_timer = None
-        if not self.in_request:
-            self.guard.note(
-                "request heads not complete in time", "request_timeout", _peer(self.transport)
-            )
-            self.force_close()
+        since = self._head_since
+        if since is None or self.in_request:
+            return  # no head in progress: the next one arms a timer
+        loop = asyncio.get_running_loop()
+        deadline = since + self.guard.head_timeout
+        if loop.time() < deadline:  # a later head than the one this timer was armed for
+            self._head_timer = loop.call_at(deadline, self._head_check)
+            return
+        self.guard.note(
+            "request heads not complete in time", "request_timeout", _peer(self.transport)
+        )
+        self.force_close()
 
     def handle_error(
         self,

@@ -124,6 +124,43 @@ async def test_a_trickled_head_is_closed_at_the_head_timeout(guarded: Any) -> No
     assert guarded.gw.guard.totals["request heads not complete in time"] == 1
 
 
+async def test_a_head_trickled_after_a_quick_request_is_closed_at_its_own_deadline(
+    guarded: Any, workspace: Workspace
+) -> None:
+    """On a keep-alive connection the timer armed for the first head outlives that head (it
+    is not cancelled per request): a second head trickled later still gets the whole head
+    timeout from its own first byte, and no more."""
+    reader, writer = await connect(guarded)
+    loop = asyncio.get_running_loop()
+    token = workspace.token("tester", ["tester"])
+    writer.write(
+        b"GET /metrics/metrics/cpu HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + token.encode()
+        + b"\r\n\r\n"
+    )
+    status = await asyncio.wait_for(reader.readline(), 3)
+    assert status.startswith(b"HTTP/1.1 "), status
+    await asyncio.sleep(0.3)  # the first head's timer (0.5 s) fires during the second head
+    started = loop.time()
+    head = b"GET /metrics/metrics/cpu HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+
+    async def trickle() -> None:
+        for byte in head:
+            if writer.is_closing():
+                return
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    sender = asyncio.create_task(trickle())
+    await closed_within(reader, 3)  # the rest of the first answer, then the close
+    elapsed = loop.time() - started
+    assert 0.45 < elapsed < 1.5, elapsed
+    sender.cancel()
+    await asyncio.gather(sender, return_exceptions=True)
+    assert guarded.gw.guard.totals["request heads not complete in time"] == 1
+
+
 async def test_an_idle_connection_is_closed_at_the_idle_timeout(guarded: Any) -> None:
     reader, _ = await connect(guarded)
     loop = asyncio.get_running_loop()

@@ -194,6 +194,10 @@ class _Injected:
             }
         )
 
+    @property
+    def complete(self) -> bool:
+        return True
+
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         yield self._body
 

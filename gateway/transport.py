@@ -45,6 +45,10 @@ class UpstreamResponse(Protocol):
     reason: str
     headers: CIMultiDict[str]
 
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body is already here: reading it will not wait."""
+
     def iter_chunks(self) -> AsyncIterator[bytes]:
         """The body, chunk by chunk, as it arrives."""
 

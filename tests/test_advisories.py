@@ -2126,3 +2126,55 @@ async def test_one_agents_waiting_calls_do_not_slow_every_release() -> None:
 
     few, many = await release_cost(10), await release_cost(1000)
     assert many < few * 5 + 0.05, (few, many)  # was ~50x
+
+
+# --- the upstream request: what the upstream reads is what was checked (CG-2026-39) --------
+
+
+async def test_a_header_value_that_was_not_utf8_is_refused_not_rewritten(
+    serve_gateway: Any, workspace: Workspace, tmp_path: Path
+) -> None:
+    """CG-2026-39 (found while replacing the upstream client, issue 15): a header value with
+    bytes that are not UTF-8 (``X-Role: ad\\xffmin``) was checked as the text the listener
+    decoded (``ad\\udcffmin``: it passed a rule's pattern), and aiohttp's client then wrote the
+    value without those bytes: the upstream read ``admin``, a value the policy never saw. Such a
+    value is now refused (400 ``http_invalid``) and nothing reaches the upstream."""
+    heads: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    gw = _gateway_for(
+        f"http://127.0.0.1:{port}", tmp_path, workspace,
+        "      - {id: g, upstream: up, allow: 'GET /items',"
+        " headers: {X-Role: {regex: '(?!admin$).{1,16}'}}}\n",
+    )  # fmt: skip
+    client = await serve_gateway(gw)
+    token = workspace.token("a1", ["r"])
+    async with server:
+
+        async def raw(value: bytes) -> bytes:
+            reader, writer = await asyncio.open_connection(client.host, client.port)
+            writer.write(
+                b"GET /up/items HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer "
+                + token.encode()
+                + b"\r\nX-Role: "
+                + value
+                + b"\r\nConnection: close\r\n\r\n"
+            )
+            await writer.drain()
+            data = await reader.read()
+            writer.close()
+            return data
+
+        assert (await raw(b"reader")).startswith(b"HTTP/1.1 200")
+        refused = await raw(b"ad\xffmin")
+        assert refused.startswith(b"HTTP/1.1 400") and b"http_invalid" in refused, refused
+        held = await raw(b"admin")  # the pattern itself still refuses the plain value
+        assert held.startswith(b"HTTP/1.1 4") and b"http_invalid" not in held, held
+    assert len(heads) == 1 and b"X-Role: reader\r\n" in heads[0]

@@ -4,6 +4,9 @@ unnoticed when stages were added to the pipeline."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from bench import sql_bench, telemetry_bench
@@ -27,3 +30,30 @@ def test_the_sql_bench_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert sql_bench.main(["--calls", "3", "--no-pure"]) == 0
     out = capsys.readouterr().out
     assert "postgres:medium" in out and "sqlite:small" in out
+
+
+def test_the_instruction_count_parses_a_callgrind_dump(tmp_path: Path) -> None:
+    """``bench.instructions`` reads the instruction total of the dump written after it asked
+    for one (not an older dump of another process)."""
+    from bench import instructions
+
+    out = tmp_path / "capgate.1.callgrind"
+    old = tmp_path / "capgate.1.callgrind.1"
+    old.write_text("events: Ir\nsummary: 5\n")
+    (tmp_path / "capgate.1.callgrind.2").write_text(
+        "# callgrind format\nevents: Ir\ntotals: 1234567\n"
+    )
+    assert instructions._dumped_instructions(out, {str(old)}) == 1234567
+    assert instructions.Count("x", 10, 1234567).per_request == 123456.7
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_the_instruction_bench_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """One scenario under callgrind for one second (the figure itself is not asserted)."""
+    from bench import instructions
+
+    assert instructions.main(["--scenarios", "capgate", "--seconds", "1", "--no-bare"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("capgate "))
+    assert "instructions/request" in line
+    assert float(line.split()[1].replace(",", "")) > 10_000

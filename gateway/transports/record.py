@@ -215,6 +215,10 @@ class TeeResponse:
         self.reason = inner.reason
         self.headers: CIMultiDict[str] = inner.headers
 
+    @property
+    def complete(self) -> bool:
+        return self._inner.complete
+
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         clock = self._recorder.clock
         t0 = clock()

@@ -183,6 +183,10 @@ class ReplayResponse:
         size = sum(len(unmark.feed(piece)) for piece in body.iter_sizes(()))
         return size + len(unmark.flush())
 
+    @property
+    def complete(self) -> bool:
+        return not self._pace  # (a paced answer waits between its chunks)
+
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         resp = self._entry.response
         assert resp is not None
@@ -386,6 +390,10 @@ class ShadowResponse:
         self.status = inner.status
         self.reason = inner.reason
         self.headers: CIMultiDict[str] = inner.headers
+
+    @property
+    def complete(self) -> bool:
+        return self._inner.complete
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner.iter_chunks():

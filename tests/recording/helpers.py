@@ -80,6 +80,7 @@ class FakeResponse:
     )
     fail_after: GatewayError | None = None
     closed: bool = False
+    complete: bool = True  # (every chunk is here: reading does not wait)
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         for c in self.chunks:

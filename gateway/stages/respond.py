@@ -203,7 +203,7 @@ async def _until_deadline(chunks: AsyncIterator[bytes], call: Call) -> AsyncIter
 
 
 async def _read_all(call: Call, upstream: UpstreamResponse) -> bytes:
-    if call.deadline is None:
+    if call.deadline is None or upstream.complete:  # (no wait: no timer)
         return await upstream.read_all()
     deadline = asyncio.timeout_at(call.deadline)
     try:
@@ -230,7 +230,25 @@ NO_BODY_STATUSES = frozenset({204, 304})
 
 
 def _masked_text(text: str, seen: Reflections) -> str:
-    return seen.mask(text.encode("latin-1", "replace")).decode("latin-1")
+    """``text`` (a header value or the reason) with its reflections masked, as the bytes the
+    agent gets (aiohttp writes header text as UTF-8); unchanged when none is there."""
+    data = text.encode("utf-8", "surrogateescape")
+    masked = seen.mask(data)
+    return text if masked == data else masked.decode("utf-8", "surrogateescape")
+
+
+def _reflected_in_head(seen: Reflections, reason: str | None, headers: CIMultiDict[str]) -> bool:
+    """Whether any header name, value or the reason might hold a reflection: the per-header
+    checks run on the names, and on the values and reason, joined. Every reflection in one
+    of them is in the join (the encoding is per character), so a miss here is a miss for
+    each; a hit (perhaps across two) sends the head through the per-header checks."""
+    if seen.in_name("\n".join(headers.keys())):
+        return True
+    texts = "\n".join(headers.values())
+    if reason:
+        texts += "\n" + reason
+    data = texts.encode("utf-8", "surrogateescape")  # (as ``_masked_text`` reads each)
+    return seen.mask(data) != data
 
 
 def _head(
@@ -240,6 +258,8 @@ def _head(
     credential masked (in a value or the reason) or dropped (a header named after it, in any
     letter case)."""
     reason = upstream.reason or None
+    if seen is not None and not _reflected_in_head(seen, reason, upstream.headers):
+        seen = None  # (the common case: one look at the whole head, not one per header)
     if seen is not None and reason:
         reason = _masked_text(reason, seen)
     headers: list[tuple[str, str]] = []
@@ -249,7 +269,7 @@ def _head(
         if seen is not None:
             if seen.in_name(name):
                 continue
-            if len(value) >= seen.shortest:  # (latin-1: one byte per character)
+            if len(value.encode("utf-8", "surrogateescape")) >= seen.shortest:
                 value = _masked_text(value, seen)
         headers.append((name, value))
     headers.append(("X-Request-Id", call.request_id))

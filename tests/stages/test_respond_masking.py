@@ -107,3 +107,61 @@ def test_no_reflection_is_shorter_than_the_header_prefilter_skips(
         assert len(match.group()) >= seen.shortest
     assert seen.escaped.search(escaped) is not None
     assert len(escaped) >= seen.shortest
+
+
+# --- the answer's head: one look at the whole head, then per header only on a hit ------------
+
+_head_text = st.lists(
+    st.sampled_from([*"abcXYZ019-/ ;=\\é☃", "Hunter2", "hunter2-xy7q9", "Xy7Q9/pLm4Rt"]),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    reason=st.one_of(st.none(), _head_text),
+    pairs=st.lists(
+        st.tuples(st.sampled_from(["X-A", "Set-Cookie", "X-Hunter2-Xy7Q9/pLm4Rt-B"]), _head_text),
+        max_size=5,
+    ),
+    reflect=st.lists(st.sampled_from(["raw", "b64", "json", "lower-name"]), max_size=2),
+)
+def test_the_heads_one_look_masks_exactly_as_the_per_header_checks(
+    reason: str | None, pairs: list[tuple[str, str]], reflect: list[str]
+) -> None:
+    """``_head`` first looks for a reflection in the whole head at once and skips the
+    per-header checks on a miss: its result must equal the per-header checks' on every
+    head, with the secret (or a form of it) planted in values, names and the reason."""
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from gateway.stages import respond
+
+    forms = {
+        "raw": SECRET,
+        "b64": base64.b64encode(SECRET.encode()).decode(),
+        "json": json_escaped(SECRET, [True, False, True], upper=False),
+        "lower-name": SECRET.lower(),
+    }
+    for i, how in enumerate(reflect):
+        if how == "lower-name":
+            pairs.append((f"X-{forms[how]}", "v"))
+        elif pairs and i % 2 == 0:
+            name, value = pairs[0]
+            pairs[0] = (name, value + forms[how])
+        else:
+            reason = (reason or "") + forms[how]
+    upstream = SimpleNamespace(reason=reason, headers=CIMultiDict(pairs))
+    call = SimpleNamespace(request_id="r1")
+    seen = reflections_of(SECRET)
+    fast = respond._head(call, upstream, frozenset(), seen)  # type: ignore[arg-type]
+    original = respond._reflected_in_head
+    try:
+        respond._reflected_in_head = lambda *a: True  # type: ignore[assignment]
+        slow = respond._head(call, upstream, frozenset(), seen)  # type: ignore[arg-type]
+    finally:
+        respond._reflected_in_head = original  # type: ignore[assignment]
+    assert fast == slow
+    text = repr(fast)
+    assert SECRET not in text and SECRET.lower() not in text.lower()

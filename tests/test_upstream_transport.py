@@ -608,3 +608,29 @@ async def test_https_upstreams_are_verified(tls_upstream: tuple[str, Path]) -> N
             await exchange(transport, request(upstream(url)))
     finally:
         await transport.close()
+
+
+async def test_an_answer_dropped_unclosed_does_not_keep_its_connection() -> None:
+    """A path that drops the answer without closing it (a bug, or a cancellation at the wrong
+    instant) must not leave a connection open that nothing will ever read or pool."""
+    import gc
+
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(answer(b"x" * 100_000))
+        await writer.drain()
+        await reader.read()
+        closed.set()
+
+    async with RawServer(handler) as srv:
+        transport = LiveTransport()
+        try:
+            resp = await transport.send(request(upstream(srv.url)))
+            assert resp.status == 200
+            del resp
+            gc.collect()
+            await asyncio.wait_for(closed.wait(), 2)
+        finally:
+            await transport.close()

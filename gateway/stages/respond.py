@@ -316,6 +316,8 @@ class Respond:
         if stream is not None and stream.response is not None:
             return await self._onto_stream(call, stream, stream.response)
         if call.error is not None or call.response is None:
+            if call.response is not None:  # (an answer refused after it came: a revocation)
+                await call.response.close()
             return refusal(call, call.error or InternalError("no response"))
         assert call.upstream is not None and call.protocol is not None
         assert call.request is not None

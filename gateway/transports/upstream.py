@@ -29,6 +29,7 @@ not ask to close it and nothing else arrived on it; idle connections are closed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import ssl
 from collections.abc import AsyncIterator
@@ -330,6 +331,14 @@ class LiveResponse:
         if not self._done:
             self._done = True
             self._conn.finish()  # (pooled again only when read to its end)
+
+    def __del__(self) -> None:
+        # A path that dropped the answer without closing it must not leave its connection
+        # open and idle forever: it cannot go back to the pool (its answer was not read).
+        if not self._done:
+            self._done = True
+            with contextlib.suppress(Exception):  # (at exit, the loop may be closed)
+                self._conn._discard()
 
 
 class LiveTransport:

@@ -322,8 +322,11 @@ class LiveResponse:
             raise UpstreamUnavailable("the upstream connection broke during the response") from exc
 
     async def read_all(self) -> bytes:
+        payload = self._payload
         try:
-            return await self._payload.read()
+            if payload.is_eof():  # all here: taken from the buffer, no coroutine per chunk
+                return payload.read_nowait(-1)
+            return await payload.read()
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable("the upstream connection broke during the response") from exc
 

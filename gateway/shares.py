@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -31,6 +32,11 @@ class _Waiter:
     future: asyncio.Future[None]
     seq: int  # arrival order, across agents
     gone: bool = False  # served, expired or cancelled: no longer counted as waiting
+
+
+# The expiry heap is rebuilt from the waiters still waiting once it holds this many more
+# entries than them (entries of served waiters stay until their deadline would have passed).
+_HEAP_SLACK = 1024
 
 
 class Shares:
@@ -50,6 +56,11 @@ class Shares:
         self._live: dict[str, int] = {}  # each waiting agent's waiters not gone
         self._waiting = 0
         self._seq = 0
+        # Every waiter's deadline, earliest first, and one timer for the earliest that is still
+        # waiting: not one timer per wait (made and cancelled for half the calls of an agent
+        # at its share, each a Python-level entry in the event loop's own timer heap).
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -151,9 +162,10 @@ class Shares:
             return
         if wait <= 0:
             raise self.refusal(agent)
-        # One future and one timer per wait (not wait_for around a shield: half the calls of
-        # an agent at its share take this path, so it is kept lean). ``_wake`` resolves the
-        # future with the slot already taken; the timer fails it with the refusal.
+        # One future per wait (not wait_for around a shield: half the calls of an agent at
+        # its share take this path, so it is kept lean) and an entry in the expiry heap.
+        # ``_wake`` resolves the future with the slot already taken; ``_expire`` fails it
+        # with the refusal once its deadline has passed.
         loop = asyncio.get_running_loop()
         self._seq += 1
         waiter = _Waiter(agent, loop.create_future(), self._seq)
@@ -163,7 +175,17 @@ class Shares:
         queue.append(waiter)
         self._live[agent] = self._live.get(agent, 0) + 1
         self._waiting += 1
-        timer = loop.call_later(wait, self._expire, waiter)
+        deadline = loop.time() + wait
+        heap = self._deadlines
+        heapq.heappush(heap, (deadline, waiter.seq, waiter))
+        timer = self._timer
+        if timer is None or deadline < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._expire)
+        if len(heap) > 2 * self._waiting + _HEAP_SLACK:
+            self._deadlines = [e for e in heap if not e[2].gone]
+            heapq.heapify(self._deadlines)
         try:
             await waiter.future
         except asyncio.CancelledError:
@@ -173,14 +195,25 @@ class Shares:
             else:
                 self._forget(waiter)
             raise
-        finally:
-            timer.cancel()
 
-    def _expire(self, waiter: _Waiter) -> None:
-        if waiter.future.done():
+    def _expire(self) -> None:
+        """The expiry timer: refuse every waiter whose deadline has passed, drop the entries
+        of waiters already gone, and set the timer for the earliest one still waiting."""
+        self._timer = None
+        heap = self._deadlines
+        if not heap:
             return
-        self._forget(waiter)
-        waiter.future.set_exception(self.refusal(waiter.agent))
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while heap:
+            deadline, _, waiter = heap[0]
+            if not (waiter.gone or waiter.future.done()):
+                if deadline > now:
+                    self._timer = loop.call_at(deadline, self._expire)
+                    return
+                self._forget(waiter)
+                waiter.future.set_exception(self.refusal(waiter.agent))
+            heapq.heappop(heap)
 
     @contextlib.asynccontextmanager
     async def slot(self, agent: str, wait: float) -> AsyncIterator[None]:

@@ -171,3 +171,33 @@ async def test_waiters_that_expire_behind_a_full_share_do_not_pile_up() -> None:
     shares.release("a")
     await asyncio.wait_for(patient, 1)
     assert shares.held_by("a") == 1 and not shares._queues
+
+
+async def test_waits_expire_at_their_own_deadlines_with_one_timer() -> None:
+    """Every waiter expires at its own deadline, whatever order the deadlines arrive in (a
+    shorter wait after a longer one moves the one timer earlier); served waiters leave no
+    timer behind, and the expiry heap stays bounded by the waiters still waiting."""
+    shares = Shares("slots", capacity=8, per_agent=1)
+    await shares.acquire("a", 0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    ended: dict[str, float] = {}
+
+    async def wait(name: str, seconds: float) -> None:
+        try:
+            await shares.acquire("a", seconds)
+        except ConcurrencyLimited:
+            ended[name] = loop.time() - started
+
+    tasks = [asyncio.create_task(wait(n, s)) for n, s in (("long", 0.4), ("short", 0.1))]
+    await asyncio.gather(*tasks)
+    assert 0.09 <= ended["short"] < 0.3 and 0.39 <= ended["long"] < 0.7, ended
+    assert shares.snapshot()["waiting"] == 0 and shares._timer is None
+    # Waiters served long before their deadlines: their entries go, the heap stays bounded.
+    for _ in range(3000):
+        task = asyncio.create_task(shares.acquire("a", 30))
+        await asyncio.sleep(0)
+        shares.release("a")
+        await task
+    assert len(shares._deadlines) <= 2 * shares.snapshot()["waiting"] + 1024 + 1
+    assert shares.held_by("a") == 1

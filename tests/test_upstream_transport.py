@@ -634,3 +634,32 @@ async def test_an_answer_dropped_unclosed_does_not_keep_its_connection() -> None
             await asyncio.wait_for(closed.wait(), 2)
         finally:
             await transport.close()
+
+
+async def test_a_slow_reader_pauses_the_upstream_without_timing_it_out() -> None:
+    """An answer larger than the read buffer, read slower than the upstream sends it: the
+    connection stops reading (flow control) and resumes, the body arrives whole, and the time
+    the agent took is not counted as the upstream's silence."""
+    body = bytes(range(256)) * 2048  # 512 KiB
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_head(reader)
+            writer.write(answer(body))
+            await writer.drain()
+
+    async with RawServer(handler) as srv:
+        transport = LiveTransport()
+        try:
+            up = upstream(srv.url, read_timeout=0.1)
+            resp = await transport.send(request(up))
+            got = bytearray()
+            async for chunk in resp.iter_chunks():
+                got += chunk
+                await asyncio.sleep(0.15)  # each pause longer than the read timeout
+            await resp.close()
+            assert bytes(got) == body
+            assert await exchange(transport, request(up)) == (200, body)  # reused, in step
+        finally:
+            await transport.close()
+        assert len(srv.peers) == 1

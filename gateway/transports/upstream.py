@@ -149,10 +149,12 @@ class _Connection(BaseProtocol):
             pass
         self._fail(UpstreamUnavailable(_NO_ANSWER))
 
-    def pause_reading(self) -> None:
-        super().pause_reading()  # the agent reads slower than the upstream sends
-
     def resume_reading(self, resume_parser: bool = True) -> None:
+        # The body's reader calls this at every end of a body and after every read; only a
+        # connection paused for an agent that reads slower than the upstream sends has
+        # anything to resume (a parser holding bytes back, the socket's reading).
+        if not self._reading_paused:
+            return
         self.last_read = self._loop.time()  # a paused read was not the upstream's delay
         super().resume_reading(resume_parser)
 
@@ -184,6 +186,9 @@ class _Connection(BaseProtocol):
         self.timer = None
         if not self.active or self.lost:
             return
+        payload = self.payload
+        if payload is not None and payload.is_eof():
+            return  # the whole answer is here: nothing left to wait for
         now = self._loop.time()
         due = self.last_read + self.read_timeout
         if self._reading_paused or now < due:

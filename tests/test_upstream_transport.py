@@ -9,6 +9,7 @@ answers out of turn, reuse of a connection, timeouts, cancellation and refusals.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -68,6 +69,30 @@ class RawServer:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
 
+@contextlib.asynccontextmanager
+async def served(handler: Handler) -> AsyncIterator[tuple[RawServer, LiveTransport]]:
+    """A raw server running ``handler`` and a transport to it, both closed after."""
+    async with RawServer(handler) as srv:
+        transport = LiveTransport()
+        try:
+            yield srv, transport
+        finally:
+            await transport.close()
+
+
+def replying(data: bytes, linger: float = 0.0) -> Handler:
+    """A handler that reads one request head, writes ``data``, then keeps the connection
+    open for ``linger`` seconds."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(data)
+        await writer.drain()
+        await asyncio.sleep(linger)
+
+    return handler
+
+
 def upstream(url: str, **kw: Any) -> Upstream:
     return Upstream(name="up", url=URL(url), **kw)
 
@@ -113,13 +138,9 @@ async def _sent_by_both(
         writer.write(answer(extra=b"Connection: close\r\n"))
         await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            req = request(upstream(srv.url + "/base"), method, "/p?q=1", headers=headers, body=body)
-            await exchange(transport, req)
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        req = request(upstream(srv.url + "/base"), method, "/p?q=1", headers=headers, body=body)
+        await exchange(transport, req)
         if not oracle:
             return seen[0], None
         async with (
@@ -203,15 +224,11 @@ async def test_a_header_the_upstream_would_read_differently_is_refused_unsent(
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(1)
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            req = request(upstream(srv.url), headers=CIMultiDict([(name, value)]))
-            with pytest.raises(HttpInvalid):
-                await transport.send(req)
-        finally:
-            await transport.close()
-        assert srv.peers == []  # refused before any connection was made
+    async with served(handler) as (srv, transport):
+        req = request(upstream(srv.url), headers=CIMultiDict([(name, value)]))
+        with pytest.raises(HttpInvalid):
+            await transport.send(req)
+    assert srv.peers == []  # refused before any connection was made
 
 
 async def test_a_target_with_a_space_is_refused() -> None:
@@ -230,14 +247,10 @@ async def test_sequential_calls_share_one_kept_alive_connection() -> None:
             writer.write(answer(b"hello"))
             await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            for _ in range(5):
-                assert await exchange(transport, request(upstream(srv.url))) == (200, b"hello")
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 1
+    async with served(handler) as (srv, transport):
+        for _ in range(5):
+            assert await exchange(transport, request(upstream(srv.url))) == (200, b"hello")
+    assert len(srv.peers) == 1
 
 
 @pytest.mark.parametrize(
@@ -249,19 +262,12 @@ async def test_sequential_calls_share_one_kept_alive_connection() -> None:
     ],
 )
 async def test_a_connection_the_answer_ends_is_not_reused(reply: bytes) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(reply)
-        await writer.drain()
+    handler = replying(reply)
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            for _ in range(2):
-                assert await exchange(transport, request(upstream(srv.url))) == (200, b"ok")
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 2
+    async with served(handler) as (srv, transport):
+        for _ in range(2):
+            assert await exchange(transport, request(upstream(srv.url))) == (200, b"ok")
+    assert len(srv.peers) == 2
 
 
 async def test_an_answer_not_read_to_its_end_does_not_return_its_connection() -> None:
@@ -271,15 +277,11 @@ async def test_an_answer_not_read_to_its_end_does_not_return_its_connection() ->
             writer.write(answer(b"x" * 200_000))
             await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            resp = await transport.send(request(upstream(srv.url)))
-            await resp.close()  # the body was never read
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"x" * 200_000)
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 2
+    async with served(handler) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url)))
+        await resp.close()  # the body was never read
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"x" * 200_000)
+    assert len(srv.peers) == 2
 
 
 async def test_interim_answers_are_skipped() -> None:
@@ -290,39 +292,31 @@ async def test_interim_answers_are_skipped() -> None:
         writer.write(answer(b"final"))
         await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"final")
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"final")
 
 
 async def test_an_answer_out_of_turn_never_reaches_the_next_call() -> None:
     """A desynchronised upstream (two answers to one request, or an answer nobody asked for on
     an idle connection) must not hand its extra answer to another call: the connection is
     dropped and the next call gets its own answer on a new one."""
-    served = 0
+    answered = 0
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal served
+        nonlocal answered
         while True:
             await read_head(reader)
-            served += 1
-            if served == 1:
+            answered += 1
+            if answered == 1:
                 writer.write(answer(b"first") + answer(b"SMUGGLED"))
             else:
-                writer.write(answer(b"own-%d" % served))
+                writer.write(answer(b"own-%d" % answered))
             await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"first")
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"own-2")
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 2
+    async with served(handler) as (srv, transport):
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"first")
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"own-2")
+    assert len(srv.peers) == 2
 
 
 async def test_bytes_on_an_idle_connection_retire_it() -> None:
@@ -343,15 +337,11 @@ async def test_bytes_on_an_idle_connection_retire_it() -> None:
         writer.write(answer(b"two"))
         await writer.drain()
 
-    async with RawServer(handler2) as srv:
-        transport = LiveTransport()
-        try:
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"one")
-            await asyncio.sleep(0.2)
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"two")
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 2
+    async with served(handler2) as (srv, transport):
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"one")
+        await asyncio.sleep(0.2)
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"two")
+    assert len(srv.peers) == 2
 
 
 @pytest.mark.parametrize(
@@ -364,36 +354,21 @@ async def test_bytes_on_an_idle_connection_retire_it() -> None:
     ],
 )
 async def test_an_answer_that_is_not_http_is_an_upstream_error(reply: bytes) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(reply)
-        await writer.drain()
-        await asyncio.sleep(0.5)
+    handler = replying(reply, linger=0.5)
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            with pytest.raises(UpstreamUnavailable):
-                await exchange(transport, request(upstream(srv.url)))
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        with pytest.raises(UpstreamUnavailable):
+            await exchange(transport, request(upstream(srv.url)))
 
 
 async def test_a_body_cut_short_is_an_error_not_a_short_answer() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-        await writer.drain()
+    handler = replying(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            resp = await transport.send(request(upstream(srv.url)))
-            with pytest.raises(UpstreamUnavailable):
-                await resp.read_all()
-            await resp.close()
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url)))
+        with pytest.raises(UpstreamUnavailable):
+            await resp.read_all()
+        await resp.close()
 
 
 async def test_a_closed_connection_before_the_answer_is_unavailable_and_not_resent() -> None:
@@ -403,32 +378,20 @@ async def test_a_closed_connection_before_the_answer_is_unavailable_and_not_rese
         heads.append(await read_head(reader))
         writer.transport.abort()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            with pytest.raises(UpstreamUnavailable):
-                await exchange(transport, request(upstream(srv.url), "DELETE"))
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        with pytest.raises(UpstreamUnavailable):
+            await exchange(transport, request(upstream(srv.url), "DELETE"))
     assert len(heads) == 1
 
 
 async def test_head_answers_have_no_body() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
+    handler = replying(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", linger=1)
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            resp = await transport.send(request(upstream(srv.url), "HEAD"))
-            assert resp.status == 200 and resp.headers["Content-Length"] == "100"
-            assert await asyncio.wait_for(resp.read_all(), 0.5) == b""
-            await resp.close()
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url), "HEAD"))
+        assert resp.status == 200 and resp.headers["Content-Length"] == "100"
+        assert await asyncio.wait_for(resp.read_all(), 0.5) == b""
+        await resp.close()
 
 
 async def test_a_refused_connection_is_unavailable() -> None:
@@ -462,21 +425,13 @@ async def test_an_upstream_that_stops_sending_times_out_at_the_read_timeout() ->
 
 
 async def test_a_body_that_stops_mid_way_times_out_at_the_read_timeout() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-        await writer.drain()
-        await asyncio.sleep(5)
+    handler = replying(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", linger=5)
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            resp = await transport.send(request(upstream(srv.url, read_timeout=0.3)))
-            with pytest.raises(UpstreamTimeout):
-                await resp.read_all()
-            await resp.close()
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url, read_timeout=0.3)))
+        with pytest.raises(UpstreamTimeout):
+            await resp.read_all()
+        await resp.close()
 
 
 async def test_a_trickling_answer_is_not_cut_by_the_read_timeout() -> None:
@@ -491,13 +446,9 @@ async def test_a_trickling_answer_is_not_cut_by_the_read_timeout() -> None:
             writer.write(bytes([byte]))
             await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            got = await exchange(transport, request(upstream(srv.url, read_timeout=0.25)))
-            assert got == (200, b"abcdef")
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        got = await exchange(transport, request(upstream(srv.url, read_timeout=0.25)))
+        assert got == (200, b"abcdef")
 
 
 async def test_a_call_cancelled_while_waiting_drops_its_connection() -> None:
@@ -508,17 +459,13 @@ async def test_a_call_cancelled_while_waiting_drops_its_connection() -> None:
         await reader.read()  # until the client closes
         closed.set()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            task = asyncio.ensure_future(transport.send(request(upstream(srv.url))))
-            await asyncio.sleep(0.1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await asyncio.wait_for(closed.wait(), 2)
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        task = asyncio.ensure_future(transport.send(request(upstream(srv.url))))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(closed.wait(), 2)
 
 
 async def test_idle_connections_are_closed_after_the_keepalive(
@@ -534,13 +481,9 @@ async def test_idle_connections_are_closed_after_the_keepalive(
         await reader.read()
         closed.set()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            assert await exchange(transport, request(upstream(srv.url))) == (200, b"ok")
-            await asyncio.wait_for(closed.wait(), 2)
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"ok")
+        await asyncio.wait_for(closed.wait(), 2)
 
 
 # --- TLS --------------------------------------------------------------------------------------
@@ -624,16 +567,12 @@ async def test_an_answer_dropped_unclosed_does_not_keep_its_connection() -> None
         await reader.read()
         closed.set()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            resp = await transport.send(request(upstream(srv.url)))
-            assert resp.status == 200
-            del resp
-            gc.collect()
-            await asyncio.wait_for(closed.wait(), 2)
-        finally:
-            await transport.close()
+    async with served(handler) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url)))
+        assert resp.status == 200
+        del resp
+        gc.collect()
+        await asyncio.wait_for(closed.wait(), 2)
 
 
 async def test_a_slow_reader_pauses_the_upstream_without_timing_it_out() -> None:
@@ -648,18 +587,14 @@ async def test_a_slow_reader_pauses_the_upstream_without_timing_it_out() -> None
             writer.write(answer(body))
             await writer.drain()
 
-    async with RawServer(handler) as srv:
-        transport = LiveTransport()
-        try:
-            up = upstream(srv.url, read_timeout=0.1)
-            resp = await transport.send(request(up))
-            got = bytearray()
-            async for chunk in resp.iter_chunks():
-                got += chunk
-                await asyncio.sleep(0.15)  # each pause longer than the read timeout
-            await resp.close()
-            assert bytes(got) == body
-            assert await exchange(transport, request(up)) == (200, body)  # reused, in step
-        finally:
-            await transport.close()
-        assert len(srv.peers) == 1
+    async with served(handler) as (srv, transport):
+        up = upstream(srv.url, read_timeout=0.1)
+        resp = await transport.send(request(up))
+        got = bytearray()
+        async for chunk in resp.iter_chunks():
+            got += chunk
+            await asyncio.sleep(0.15)  # each pause longer than the read timeout
+        await resp.close()
+        assert bytes(got) == body
+        assert await exchange(transport, request(up)) == (200, body)  # reused, in step
+    assert len(srv.peers) == 1

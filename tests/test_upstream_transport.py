@@ -231,10 +231,13 @@ async def test_a_header_the_upstream_would_read_differently_is_refused_unsent(
     assert srv.peers == []  # refused before any connection was made
 
 
-async def test_a_target_with_a_space_is_refused() -> None:
+@pytest.mark.parametrize(("method", "target"), [("GET", "/a b"), ("GET /x", "/"), ("G\r\nX", "/")])
+async def test_a_request_line_that_could_be_read_two_ways_is_refused(
+    method: str, target: str
+) -> None:
     transport = LiveTransport()
     with pytest.raises(HttpInvalid):
-        await transport.send(request(upstream("http://127.0.0.1:9"), target="/a b"))
+        await transport.send(request(upstream("http://127.0.0.1:9"), method, target))
 
 
 # --- what comes back --------------------------------------------------------------------------

@@ -61,7 +61,7 @@ _FRAMING = HOP_BY_HOP | {"host", "content-length", "expect"}
 # and LF are counted instead (each line the head has must end with the one pair it was given).
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_GOOD_NAMES: set[str] = set()  # header names already checked to be tokens (bounded)
+_TOKENS: set[str] = set()  # methods and header names already checked to be tokens (bounded)
 _NO_ANSWER = "the upstream connection closed before its answer"
 
 
@@ -421,20 +421,26 @@ class LiveTransport:
         await asyncio.sleep(0)
 
 
+def _check_token(text: str, what: str) -> None:
+    if not _TOKEN.fullmatch(text):
+        raise HttpInvalid(f"{what} {text[:40]!r} is not an HTTP token")
+    if len(_TOKENS) < 4096:
+        _TOKENS.add(text)
+
+
 def _request_bytes(
     method: str, target: str, host_line: bytes, request: UpstreamRequest, body: bytes | None
 ) -> bytes:
     """The request's bytes: its head (checked to be plain text) and its body."""
     if " " in target:
         raise HttpInvalid("the request target holds a space")
+    if method not in _TOKENS:
+        _check_token(method, "method")
     lines = [method, " ", target, " HTTP/1.1\r\n"]
     count = 1  # lines, each ending with CR LF
     for name, value in request.headers.items():
-        if name not in _GOOD_NAMES:
-            if not _TOKEN.fullmatch(name):
-                raise HttpInvalid(f"header name {name!r} is not an HTTP token")
-            if len(_GOOD_NAMES) < 4096:
-                _GOOD_NAMES.add(name)
+        if name not in _TOKENS:
+            _check_token(name, "header name")
         if name.lower() in _FRAMING:
             continue
         lines += (name, ": ", value, "\r\n")

@@ -38,6 +38,10 @@ class UpstreamRequest:
     roles: tuple[str, ...] = ()  # the token's roles and caps: recordings keep them so that
     caps: frozenset[str] | None = None  # `policy test` can replay decisions under a new policy
     fault: str | None = None  # set by the chaos transport when it injected one (``chaos.py``)
+    # The call's deadline (event-loop time), for a transport that keeps it itself (its class
+    # says ``keeps_deadline = True``): the answer's head must come before it. Other transports
+    # are held to it by the dispatch stage's own timer.
+    deadline: float | None = None
 
 
 class UpstreamResponse(Protocol):

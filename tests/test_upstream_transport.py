@@ -601,3 +601,28 @@ async def test_a_slow_reader_pauses_the_upstream_without_timing_it_out() -> None
         assert bytes(got) == body
         assert await exchange(transport, request(up)) == (200, body)  # reused, in step
     assert len(srv.peers) == 1
+
+
+async def test_the_calls_deadline_is_kept_until_the_answers_head() -> None:
+    """The live transport keeps the call's deadline itself (no timer of the call's own): an
+    upstream that keeps trickling its head under the read timeout is cut at the deadline."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    assert LiveTransport.keeps_deadline
+    async with served(handler) as (srv, transport):
+        loop = asyncio.get_running_loop()
+        up = upstream(srv.url, read_timeout=0.3, total_timeout=0.5)
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout, match="deadline"):
+            await transport.send(request(up, deadline=t0 + 0.5))
+        assert 0.45 <= loop.time() - t0 < 1.5
+        # A deadline already past: refused before anything is sent.
+        with pytest.raises(UpstreamTimeout, match="deadline"):
+            await transport.send(request(up, deadline=loop.time() - 1))
+    assert len(srv.peers) == 1

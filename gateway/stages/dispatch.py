@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 class Dispatch:
     def __init__(self, transport: Transport, telemetry: Telemetry | None = None) -> None:
         self.transport = transport
+        # A transport that keeps the call's deadline itself (the live one: its connection's
+        # read timer does, so a call makes no timer of its own); any other is held to it here.
+        self.keeps_deadline = bool(getattr(transport, "keeps_deadline", False))
         # Only when tracing: the upstream span, whose context goes upstream as traceparent.
         self.tracing = telemetry if telemetry is not None and telemetry.tracing else None
 
@@ -50,8 +53,16 @@ class Dispatch:
         loop = asyncio.get_running_loop()
         call.deadline = loop.time() + call.upstream.total_timeout
         call.dispatched = True
-        deadline = asyncio.timeout_at(call.deadline)
         call.upstream_started = time.monotonic()
+        if self.keeps_deadline:
+            request.deadline = call.deadline
+            try:
+                call.response = await self.transport.send(request)
+            finally:
+                call.upstream_ended = time.monotonic()
+                call.fault = request.fault
+            return
+        deadline = asyncio.timeout_at(call.deadline)
         try:
             async with deadline:
                 call.response = await self.transport.send(request)

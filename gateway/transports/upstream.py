@@ -63,6 +63,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TOKENS: set[str] = set()  # methods and header names already checked to be tokens (bounded)
 _NO_ANSWER = "the upstream connection closed before its answer"
+_PAST_DEADLINE = "the call's deadline passed before the upstream answered"
+INF = float("inf")
 
 
 class _Connection(BaseProtocol):
@@ -79,6 +81,7 @@ class _Connection(BaseProtocol):
         self.active = False  # an exchange is in progress
         self.reusable = True  # False once anything makes the connection unfit for another
         self.read_timeout = 30.0
+        self.deadline = INF  # the call's deadline for the answer's head (loop time)
         self.last_read = 0.0  # loop time of the last bytes read (or of the request sent)
         self.timer: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
@@ -160,7 +163,9 @@ class _Connection(BaseProtocol):
 
     # --- one exchange -------------------------------------------------------------------------
 
-    def send(self, data: bytes, read_timeout: float, with_body: bool) -> asyncio.Future[Any]:
+    def send(
+        self, data: bytes, read_timeout: float, deadline: float, with_body: bool
+    ) -> asyncio.Future[Any]:
         """Write the request; the future is the answer's head and body stream."""
         assert self.transport is not None and not self.active
         if not with_body:  # (HEAD: a parser that knows no body follows the head)
@@ -173,11 +178,13 @@ class _Connection(BaseProtocol):
         now = self._loop.time()
         self.last_read = now
         self.read_timeout = read_timeout
+        self.deadline = deadline
+        first = min(now + read_timeout, deadline)
         timer = self.timer
-        if timer is None or timer.when() > now + read_timeout:
+        if timer is None or timer.when() > first:
             if timer is not None:
                 timer.cancel()
-            self.timer = self._loop.call_at(now + read_timeout, self._check_reading)
+            self.timer = self._loop.call_at(first, self._check_reading)
         self.transport.write(data)
         return waiter
 
@@ -190,9 +197,15 @@ class _Connection(BaseProtocol):
         if payload is not None and payload.is_eof():
             return  # the whole answer is here: nothing left to wait for
         now = self._loop.time()
+        heading = self.waiter is not None  # the answer's head has not come yet
+        if heading and now >= self.deadline:
+            self._fail(UpstreamTimeout(_PAST_DEADLINE))
+            return
         due = self.last_read + self.read_timeout
         if self._reading_paused or now < due:
             when = now + self.read_timeout if self._reading_paused else due
+            if heading:
+                when = min(when, self.deadline)
             self.timer = self._loop.call_at(when, self._check_reading)
             return
         self._fail(UpstreamTimeout("the upstream stopped sending its answer in time"))
@@ -350,12 +363,16 @@ class LiveResponse:
 
 
 class LiveTransport:
-    """Sends each call on a pooled connection to its upstream's origin.
+    """Sends each call on a pooled connection to its upstream's origin, and keeps the call's
+    deadline (``UpstreamRequest.deadline``) until the answer's head with the connection's
+    read timer.
 
     The pool itself is not the bound: each upstream's ``limits.concurrency`` (and each
     agent's share of it) is, counted by the pipeline around every exchange. A pool limit
     here would be one queue shared by every upstream and agent: the starvation the shares
     prevent. So connections are bounded by the sum of the upstreams' concurrency."""
+
+    keeps_deadline = True
 
     def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls  # the context for https upstreams (default: the system's trust store)
@@ -395,21 +412,29 @@ class LiveTransport:
         if body is not None and not isinstance(body, bytes):
             body = b"".join([chunk async for chunk in body])
         data = _request_bytes(request.method, base + request.target, host_line, request, body)
+        deadline = INF if request.deadline is None else request.deadline
+        connect = min(up.connect_timeout, deadline - asyncio.get_running_loop().time())
+        if connect <= 0:
+            raise _past_deadline(up)
         try:
-            conn = await pool.take(up.connect_timeout)
+            conn = await pool.take(connect)
         except TimeoutError as exc:
+            if connect < up.connect_timeout:
+                raise _past_deadline(up) from exc
             raise UpstreamTimeout(f"upstream {up.name!r} did not answer in time") from exc
         except OSError as exc:
             raise UpstreamUnavailable(f"upstream {up.name!r} cannot be reached") from exc
-        waiter = conn.send(data, up.read_timeout, with_body=request.method != "HEAD")
+        waiter = conn.send(data, up.read_timeout, deadline, with_body=request.method != "HEAD")
         try:
             message, payload = await waiter
         except UpstreamTimeout as exc:
+            if exc.args and exc.args[0] == _PAST_DEADLINE:
+                raise _past_deadline(up) from exc
             raise UpstreamTimeout(f"upstream {up.name!r} did not answer in time") from exc
         except UpstreamUnavailable as exc:
             raise UpstreamUnavailable(f"upstream {up.name!r} failed to answer: {exc}") from exc
         except BaseException:
-            conn._discard()  # cancelled (the agent left, a revocation, the deadline): not reused
+            conn._discard()  # cancelled (the agent left, a revocation): not reused
             raise
         return LiveResponse(conn, message, payload)
 
@@ -419,6 +444,12 @@ class LiveTransport:
         self._pools.clear()
         self._routes.clear()
         await asyncio.sleep(0)
+
+
+def _past_deadline(up: Upstream) -> UpstreamTimeout:
+    return UpstreamTimeout(
+        f"upstream {up.name!r} did not answer within the call's deadline ({up.total_timeout:g} s)"
+    )
 
 
 def _check_token(text: str, what: str) -> None:

@@ -122,7 +122,11 @@ def answer(body: bytes = b"ok", extra: bytes = b"") -> bytes:
 
 
 async def _sent_by_both(
-    method: str, headers: CIMultiDict[str], body: bytes | None, oracle: bool = True
+    method: str,
+    headers: CIMultiDict[str],
+    body: bytes | None,
+    oracle: bool = True,
+    target: str = "/p?q=1",
 ) -> tuple[bytes, bytes | None]:
     """The bytes the transport and aiohttp's client (``oracle``) each send for one request, to
     the same server (the server answers and closes)."""
@@ -139,7 +143,7 @@ async def _sent_by_both(
         await writer.drain()
 
     async with served(handler) as (srv, transport):
-        req = request(upstream(srv.url + "/base"), method, "/p?q=1", headers=headers, body=body)
+        req = request(upstream(srv.url + "/base"), method, target, headers=headers, body=body)
         await exchange(transport, req)
         if not oracle:
             return seen[0], None
@@ -151,7 +155,7 @@ async def _sent_by_both(
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             ) as session,
             session.request(
-                method, URL(srv.url + "/base/p?q=1", encoded=True), headers=headers, data=body
+                method, URL(srv.url + "/base" + target, encoded=True), headers=headers, data=body
             ) as resp,
         ):
             await resp.read()
@@ -174,13 +178,17 @@ header_values = st.text(
     method=st.sampled_from(["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
     headers=st.lists(st.tuples(header_names, header_values), max_size=5),
     body=st.none() | st.binary(max_size=64),
+    target=st.lists(
+        st.sampled_from([*"abcXYZ019-._~!$&'()*+,;=:@/?", "%2F", "%25", "%C3%A9"]), max_size=16
+    ).map(lambda parts: "/" + "".join(parts)),
 )
 def test_a_request_is_sent_as_aiohttps_client_sent_it(
-    method: str, headers: list[tuple[str, str]], body: bytes | None
+    method: str, headers: list[tuple[str, str]], body: bytes | None, target: str
 ) -> None:
-    """Differential: for any method, headers (any text, repeated names included) and body,
-    the transport's bytes are the bytes aiohttp's client put on the wire."""
-    mine, theirs = asyncio.run(_sent_by_both(method, CIMultiDict(headers), body))
+    """Differential: for any method, target (path and query as the target stage forwards
+    them: percent-encoded), headers (any text, repeated names included) and body, the
+    transport's bytes are the bytes aiohttp's client put on the wire."""
+    mine, theirs = asyncio.run(_sent_by_both(method, CIMultiDict(headers), body, target=target))
     assert mine == theirs
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -324,18 +325,43 @@ def _word(
 # words), in runs, and stops at the next token it does use; a token ``_FAST`` does not read is
 # read by ``_token_at``, as in ``code_tokens``. The two outlines are the same by test.
 _WS = r"[ \t\n\f\r]*"
-_NAME_ENDS = r"(?![A-Za-z0-9_$]|[^\x00-\x7f])"
-_WORDS = "|".join(
-    "".join(f"[{c}{c.lower()}]" for c in word)  # ASCII letters only, either case
-    for word in sorted(_OUTLINE_WORDS, key=lambda w: (-len(w), w))
+_NAME_ENDS = r"(?![A-Za-z0-9_$\x80-\U0010ffff])"  # no name character follows
+assert all(w.isascii() and w.isalpha() and w.isupper() and w[0] != "X" for w in _OUTLINE_WORDS)
+
+
+def _either_case(word: str) -> str:
+    return "".join(f"[{c}{c.lower()}]" for c in word)  # ASCII letters only
+
+
+def _rests_by_first_letter() -> dict[str, str]:
+    """The outline's words by their first letter: the rests, either case, as alternatives."""
+    rests: dict[str, list[str]] = {}
+    for word in sorted(_OUTLINE_WORDS, key=lambda w: (-len(w), w)):
+        rests.setdefault(word[0], []).append(_either_case(word[1:]))
+    return {first: "|".join(rest) for first, rest in sorted(rests.items())}
+
+
+_RESTS = _rests_by_first_letter()
+# One of the outline's words, either case.
+_WORDS = "|".join(f"[{first}{first.lower()}](?:{rest})" for first, rest in _RESTS.items())
+# A name that is none of the outline's words and not the x of x'...'. Each branch starts with
+# one letter, which the expression engine tests before it enters the branch.
+_OTHER_FIRSTS = "".join(c for c in string.ascii_uppercase if c not in _RESTS and c != "X")
+_PASSED_NAME = (
+    "(?:"
+    + "".join(
+        f"{c}(?!(?:{rest}){_NAME_ENDS})|"
+        for first, rest in _RESTS.items()
+        for c in (first, first.lower())
+    )
+    + f"[xX](?!')|[{_OTHER_FIRSTS}{_OTHER_FIRSTS.lower()}_])[A-Za-z0-9_$]*{_NAME_ENDS}"
 )
 _PASSED = (
-    rf"(?![xX]')(?!(?:{_WORDS}){_NAME_ENDS})[A-Za-z_][A-Za-z0-9_$]*{_NAME_ENDS}"
-    r"|[0-9]+(?![0-9A-Za-z_$.]|[^\x00-\x7f])"
-    r"|'(?:[^']|'')*'(?!')"
-    r"|\"(?:[^\"]|\"\")*\"(?!\")"
-    r"|[*+%&~]|==|=|\.(?![0-9]|[^\x00-\x7f])|->>|->|-(?!-)"
+    _PASSED_NAME + r"|\.(?![0-9\x80-\U0010ffff])|==|=|[*+%&~]|->>|->|-(?!-)"
     r"|<[=>]|<<|<|>=|>>|>|!=|\|\||\||/(?!\*)"
+    r"|[0-9]+(?![0-9A-Za-z_$.\x80-\U0010ffff])"
+    r"|'[^']*(?:''[^']*)*'(?!')"
+    r"|\"[^\"]*(?:\"\"[^\"]*)*\"(?!\")"
 )
 _OUTLINE = re.compile(
     rf"(?P<passed>(?:{_WS}(?:{_PASSED}))*+){_WS}(?:"

@@ -28,6 +28,11 @@ def reference(text: str) -> list[tok.Token]:
     return [t for t in slow_tokens(text) if t.kind is not Kind.SPACE]
 
 
+def reference_first_keyword(text: str) -> str | None:
+    tokens = reference(text)
+    return tok.keyword(tokens[0]) if tokens else None
+
+
 def corpus() -> list[str]:
     texts = sql_corpus.read_fixture("sqlite", "allowed.sql")
     texts += sql_corpus.read_fixture("sqlite", "denied.sql")
@@ -43,6 +48,7 @@ def test_the_corpus_reads_the_same() -> None:
 def test_the_corpus_outlines_the_same() -> None:
     for text in corpus():
         assert outline(text) == outline_of(reference(text)), text
+        assert tok.first_keyword(text) == reference_first_keyword(text), text
 
 
 @settings(max_examples=3000, deadline=None)
@@ -55,6 +61,7 @@ def test_any_text_reads_the_same(text: str) -> None:
 @given(st.text(alphabet=ALPHABET, max_size=40))
 def test_any_text_outlines_the_same(text: str) -> None:
     assert outline(text) == outline_of(reference(text))
+    assert tok.first_keyword(text) == reference_first_keyword(text)
 
 
 @settings(max_examples=3000, deadline=None)
@@ -62,6 +69,7 @@ def test_any_text_outlines_the_same(text: str) -> None:
 def test_any_text_of_words_outlines_the_same(text: str) -> None:
     assert outline(text) == outline_of(reference(text))
     assert code_tokens(text) == reference(text)
+    assert tok.first_keyword(text) == reference_first_keyword(text)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -130,6 +138,8 @@ def test_the_outline_reads_names_as_the_reference_does() -> None:
     cases += ["FROM a , (b, c) , d", "FROM (a, b", "a) , b FROM c", "LIMIT\x00 5", "LIMIT\u00a05"]
     cases += ["FROM a, 1ſelect, b", "SELECT 1LıMIT 5", "FROM a, b1ſelect, c", "x'a'ſelect"]
     cases += ["FROM a, 'b'ſelect, c", 'FROM a, "b"ſelect, c', "FROM a, 1.ſelect, c", "a=ſelect"]
+    cases += [" pragma x", "/* c */ PRAGMA x", "-- c\nEXPLAIN x", "[PRAGMA]", "PRAGMAü", "x'1'"]
     for text in cases:
         assert outline(text) == outline_of(reference(text)), text
+        assert tok.first_keyword(text) == reference_first_keyword(text), text
         check_the_outline_reads_whole_tokens(text)

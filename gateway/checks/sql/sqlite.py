@@ -327,8 +327,7 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
             "multiplies what the database may have to read",
             "joins",
         )
-    head = next(tok.iter_code_tokens(text), None)  # the first token (there is one: end >= 0)
-    first = tok.keyword(head) if head is not None else None
+    first = tok.first_keyword(text)
     if first in _LEADING_COMMANDS:
         raise Refusal.of(
             Denial.COMMAND, f"a {first} statement is never allowed", (first or "").lower()
@@ -419,13 +418,17 @@ def _names_guarded_table(rules: SqlRules, text: str) -> bool:
     return False
 
 
+_DECIMAL = re.compile(r"[0-9]+")
+_HEXADECIMAL = re.compile(r"0[xX][0-9a-fA-F]+")
+
+
 def _literal(token: tok.Token) -> int | None:
     if token.kind is not tok.Kind.NUMBER:
         return None
     digits = token.text
-    if re.fullmatch(r"[0-9]+", digits):
+    if _DECIMAL.fullmatch(digits):
         return int(digits)
-    if re.fullmatch(r"0[xX][0-9a-fA-F]+", digits):
+    if _HEXADECIMAL.fullmatch(digits):
         return int(digits, 16)
     return None
 

@@ -206,6 +206,7 @@ _FAST = re.compile(
 # By group number (``Match.lastindex``): 1 name, 2 number, 3 string, 4 quoted, 5 punct,
 # 6 other (a token the expression does not read).
 _FAST_KIND = (None, Kind.NAME, Kind.NUMBER, Kind.STRING, Kind.NAME, Kind.PUNCT)
+_NAME = 1
 _QUOTED = 4
 _OTHER = 6
 assert _FAST.groupindex == {
@@ -378,6 +379,9 @@ assert _OUTLINE.groupindex == {
     "passed": 1, "word": 2, "open": 3, "close": 4, "comma": 5, "semi": 6, "other": 7
 }  # fmt: skip
 _PUNCT_GROUPS = {"(": _OPEN, ")": _CLOSE, ",": _COMMA, ";": _SEMI}
+# What may not be a token in code (a ';', a token the expression does not read, the end of the
+# text); after any other token, the end of the code is that token's (past what was passed over).
+_NO_END = frozenset({_SEMI, _UNREAD, _PASSED_RUN})
 
 
 def _group_of(token: Token) -> int:
@@ -401,10 +405,11 @@ def outline(text: str) -> Outline:
     i = 0
     while i < n:
         for m in _OUTLINE.finditer(text, i):
-            start, passed = m.span(_PASSED_RUN)
-            if passed > start:
-                found.end = passed
             group = m.lastindex
+            if group in _NO_END:  # what was passed over before it may be the last in code
+                start, passed = m.span(_PASSED_RUN)
+                if passed > start:
+                    found.end = passed
             if group == _UNREAD:  # a token the expression does not read: the full rules do
                 token = _token_at(text, m.start(group))
                 group, start, i = _group_of(token), token.start, token.end
@@ -437,6 +442,15 @@ def outside_comments_and_strings(text: str, offset: int) -> bool:
     """SQLite's own word (``sqlite3_complete``) that ``offset`` is in code, not inside a
     comment, a string or a quoted identifier: a ';' put there ends the statement."""
     return sqlite3.complete_statement(text[:offset] + ";")
+
+
+def first_keyword(text: str) -> str | None:
+    """``keyword`` of the text's first code token (None: none, or not an unquoted name)."""
+    m = _FAST.match(text)
+    if m is not None and m.lastindex == _NAME:  # the first token (the expression reads it whole)
+        return m.group(_NAME).upper()
+    head = next(iter_code_tokens(text), None)
+    return None if head is None else keyword(head)
 
 
 def keyword(token: Token) -> str | None:

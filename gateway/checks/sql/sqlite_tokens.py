@@ -1,14 +1,19 @@
 """SQLite's tokens, read by the rules SQLite's own tokenizer follows (``tokenize.c``).
 
-Used for two things only, each confirmed by SQLite itself (``sqlite3_complete``, through
-``sqlite3.complete_statement``) before it decides anything:
+Used for what SQLite's authorizer does not report, each only to refuse more:
 
 - where the statement's last token ends, so an appended ``LIMIT`` lands after it, outside any
-  comment or string;
-- the trailing ``LIMIT`` clause of the outermost query (at bracket depth 0, at the end).
+  comment or string, and the trailing ``LIMIT`` clause of the outermost query (at bracket
+  depth 0, at the end), both confirmed by SQLite itself (``sqlite3_complete``, through
+  ``sqlite3.complete_statement``) before they decide anything;
+- the joins, ``NATURAL`` and ``USING`` (an over-count refuses more), and a first word that
+  SQLite would run as something else than what ``EXPLAIN <text>`` compiles.
 
-Everything else about a SQLite statement (its tables, columns, functions, actions) comes from
-SQLite's compiler through the authorizer (``sqlite``), never from these tokens.
+The check reads them from ``outline`` (one pass that makes no token of the ones it has no use
+for), ``first_keyword`` and, after a LIMIT, ``code_tokens``; each is tested against the
+per-character reference (``slow_tokens``, ``outline_of``). Everything else about a SQLite
+statement (its tables, columns, functions, actions) comes from SQLite's compiler through the
+authorizer (``sqlite``), never from these tokens.
 """
 
 from __future__ import annotations

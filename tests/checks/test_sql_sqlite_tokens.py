@@ -112,6 +112,21 @@ def test_the_outline_passes_over_whole_tokens_of_words(text: str) -> None:
     check_the_outline_reads_whole_tokens(text)
 
 
+def check_the_tokens_after_limit(text: str) -> None:
+    found = outline(text)
+    if found.limit_start >= 0:
+        after = [t for t in reference(text) if t.start >= found.limit_end]
+        while after and after[-1].text == ";":
+            after.pop()
+        assert tok.tokens_to_end(text, found.limit_end, found.end) == after, text
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(PIECES, max_size=30).map(lambda pieces: "LIMIT " + "".join(pieces)))
+def test_the_tokens_after_limit_read_the_same(text: str) -> None:
+    check_the_tokens_after_limit(text)
+
+
 def test_the_cases_where_the_fast_path_must_stop() -> None:
     cases = ["abü", "12abc", "1.5e3", "x'ab'", "a==b", ".5", "'a''", '"a""', "'it''s'"]
     cases += ["a--b\nc", "a /*x*/b", "a/*", "/*", "a/", "a->>b->c-d", "a!b!=c", "a<<=b<>c"]
@@ -138,8 +153,27 @@ def test_the_outline_reads_names_as_the_reference_does() -> None:
     cases += ["FROM a , (b, c) , d", "FROM (a, b", "a) , b FROM c", "LIMIT\x00 5", "LIMIT\u00a05"]
     cases += ["FROM a, 1ſelect, b", "SELECT 1LıMIT 5", "FROM a, b1ſelect, c", "x'a'ſelect"]
     cases += ["FROM a, 'b'ſelect, c", 'FROM a, "b"ſelect, c', "FROM a, 1.ſelect, c", "a=ſelect"]
+    cases += [
+        "LIMIT 5",
+        "LIMIT 5;",
+        "LIMIT 5 ; ;",
+        "LIMIT 5;x",
+        "LIMIT 5x",
+        "LIMIT 5ü",
+        "LIMIT 5.0",
+    ]
+    cases += [
+        "LIMIT 5 -- c",
+        "LIMIT 5 /* c",
+        "LIMIT 0x10",
+        "LIMIT 5, 6",
+        "LIMIT 5 OFFSET 6",
+        "LIMIT",
+    ]
+    cases += ["LIMIT ;5", "LIMIT 1_000", "LIMIT 5e2", "LIMIT ٣", "LIMIT 5 LIMIT 6", "LIMIT (5)"]
     cases += [" pragma x", "/* c */ PRAGMA x", "-- c\nEXPLAIN x", "[PRAGMA]", "PRAGMAü", "x'1'"]
     for text in cases:
         assert outline(text) == outline_of(reference(text)), text
         assert tok.first_keyword(text) == reference_first_keyword(text), text
         check_the_outline_reads_whole_tokens(text)
+        check_the_tokens_after_limit(text)

@@ -444,9 +444,7 @@ def _limit(rules: SqlRules, text: str, shape: tok.Outline, reading: Reading) -> 
     if shape.limit_start < 0:
         reading.missing_limit = True
         return
-    clause = tok.code_tokens(text, shape.limit_end)  # the tokens after LIMIT
-    while clause and clause[-1].text == ";":
-        clause.pop()
+    clause = tok.tokens_to_end(text, shape.limit_end, shape.end)  # the tokens after LIMIT
     count: tok.Token | None = None
     if len(clause) == 1:
         count = clause[0]

@@ -212,6 +212,7 @@ _FAST = re.compile(
 # 6 other (a token the expression does not read).
 _FAST_KIND = (None, Kind.NAME, Kind.NUMBER, Kind.STRING, Kind.NAME, Kind.PUNCT)
 _NAME = 1
+_NUMBER = 2
 _QUOTED = 4
 _OTHER = 6
 assert _FAST.groupindex == {
@@ -244,6 +245,19 @@ def iter_code_tokens(text: str, start: int = 0) -> Iterator[Token]:
 def code_tokens(text: str, start: int = 0) -> list[Token]:
     """The tokens SQLite compiles (no whitespace, no comments), from the token at ``start``."""
     return list(iter_code_tokens(text, start))
+
+
+def tokens_to_end(text: str, start: int, end: int) -> list[Token]:
+    """The code tokens from the token at ``start`` on, but the ';' tokens after ``end`` (where
+    the statement's code ends: ``Outline.end``; only ';' tokens follow it)."""
+    m = _FAST.match(text, start)
+    if m is not None and m.lastindex == _NUMBER and m.end(_NUMBER) == end:  # the common clause
+        begin = m.start(_NUMBER)
+        return [Token(Kind.NUMBER, begin, end, text[begin:end])]
+    tokens = code_tokens(text, start)
+    while tokens and tokens[-1].text == ";":
+        tokens.pop()
+    return tokens
 
 
 def slow_tokens(text: str) -> list[Token]:

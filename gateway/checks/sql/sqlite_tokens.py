@@ -365,10 +365,11 @@ _RESTS = _rests_by_first_letter()
 # One of the outline's words, either case.
 _WORDS = "|".join(f"[{first}{first.lower()}](?:{rest})" for first, rest in _RESTS.items())
 # A name that is none of the outline's words and not the x of x'...'. Each branch starts with
-# one letter, which the expression engine tests before it enters the branch.
+# one letter, which the expression engine tests before it enters the branch; any other token
+# is turned away before the branches by one test of its first character.
 _OTHER_FIRSTS = "".join(c for c in string.ascii_uppercase if c not in _RESTS and c != "X")
 _PASSED_NAME = (
-    "(?:"
+    "(?=[A-Za-z_])(?:"
     + "".join(
         f"{c}(?!(?:{rest}){_NAME_ENDS})|"
         for first, rest in _RESTS.items()

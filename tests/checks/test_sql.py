@@ -945,3 +945,30 @@ def test_row_packing_functions_are_out_of_the_default_list() -> None:
     assert DEFAULT_FUNCTIONS.isdisjoint(ROW_PACKING)
     for name in sorted(ROW_PACKING):  # and each one, called, is refused (PostgreSQL)
         assert kind_of(make(), f"SELECT {name}(id) FROM orders") == "function"
+
+
+def test_sqlite_judges_each_action_by_its_own_rules_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SQLite action is judged once per policy and remembered (``SqliteScratch.judged``):
+    uncached checks of a text read the same every time, a database shared by other rules
+    judges by those rules, and the memory forgotten when full changes nothing."""
+    import gateway.checks.sql.sqlite as sql_sqlite
+    from gateway.checks.sql.violations import Refusal
+
+    plain = make("sqlite")
+    strict = make("sqlite", deny_columns=["customers.ssn"])
+    scratch = plain._scratch
+    assert scratch is not None
+    text = "SELECT id, ssn, upper(name) FROM customers LIMIT 5"
+    first = sql_sqlite.read(plain, scratch, text)
+    assert "customers.ssn" in first.columns
+    assert sql_sqlite.read(plain, scratch, text) == first
+    with pytest.raises(Refusal) as info:  # the same database, other rules
+        sql_sqlite.read(strict, scratch, text)
+    assert info.value.violations[0].found == "customers.ssn"
+    assert sql_sqlite.read(plain, scratch, text) == first
+    monkeypatch.setattr(sql_sqlite, "_JUDGED_MAX", 2)
+    for _ in range(3):
+        assert sql_sqlite.read(plain, scratch, text) == first
+        assert scratch.judged(plain) == {}  # full (more than 2): forgotten

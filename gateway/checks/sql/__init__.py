@@ -39,7 +39,7 @@ Why each check exists is written in the module that does it (see /work/shared/PI
 ``reading``     ``Reading``: what an authority's reading of a text says, for the policy
 ``postgres``    PostgreSQL: pglast's parser tree walked for every check (the authority)
 ``sqlite``      SQLite: the statement compiled in a schema-only database, its authorizer's list
-``sqlite_tokens`` SQLite's tokens, for the LIMIT only, confirmed by ``sqlite3_complete``
+``sqlite_tokens`` SQLite's tokens: the joins, NATURAL/USING, the LIMIT (``sqlite3_complete``)
 ``limits``      the bounds on one call's work and on the caches
 ``options``     dialects, statement kinds, opt-in families, default functions
 ``names``       table, column and function names, normalised per dialect (PostgreSQL and

@@ -30,7 +30,6 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.checks.sql import sqlite_tokens as tok
@@ -108,8 +107,11 @@ _ROWID_NAMES = frozenset({"rowid", "_rowid_", "oid"})
 # Operators SQLite reports as functions: x LIKE y is like(y, x), x GLOB y is glob(y, x).
 _OPERATORS = frozenset({"like", "glob"})
 
-Action = tuple[int, str | None, str | None, str | None, str | None]
 Seen = tuple[int, str | None, str | None]  # an action's code and names, without db and trigger
+# An action judged: its violation, and the table, column and statement kind it adds to the
+# reading (None: none).
+Judged = tuple[Violation | None, str | None, str | None, str | None]
+_JUDGED_MAX = 4096  # actions remembered judged per policy (then forgotten all at once)
 
 
 def _quote(name: str) -> str:
@@ -126,19 +128,34 @@ class SqliteScratch:
             cols = ", ".join(_quote(c) for c in sorted(columns)) or '"_"'
             self._conn.execute(f"CREATE TABLE {_quote(table.name)} ({cols})")
         self.tables = frozenset(t.name.lower() for t in (schema or {}))
+        self._judged: tuple[SqlRules | None, dict[Seen, Judged]] = (None, {})
 
-    def compile(self, text: str) -> tuple[list[Action], str | None]:
-        """Compile ``EXPLAIN <text>``; (every action authorized, SQLite's error or None).
+    def judged(self, rules: SqlRules) -> dict[Seen, Judged]:
+        """The actions already judged under ``rules`` (the policy this database is for): a
+        judgement depends on the action and the rules alone. Bounded; replaced whole when
+        other rules ask (one pair, swapped at once: safe between threads)."""
+        owner, memo = self._judged
+        if owner is not rules or len(memo) >= _JUDGED_MAX:
+            memo = {}
+            self._judged = (rules, memo)
+        return memo
+
+    def compile(self, text: str) -> tuple[list[Seen], str | None]:
+        """Compile ``EXPLAIN <text>``; (every action authorized, without its database and
+        trigger names, SQLite's error or None).
 
         ``"multiple"`` is returned as the error when more than one statement is present.
         """
-        actions: list[Action] = []
+        actions: list[Seen] = []
+        append = actions.append
+        compiled = _COMPILED
+        ok, deny = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY
 
         def authorize(
             code: int, a: str | None, b: str | None, db: str | None, trigger: str | None
         ) -> int:
-            actions.append((code, a, b, db, trigger))
-            return sqlite3.SQLITE_OK if code in _COMPILED else sqlite3.SQLITE_DENY
+            append((code, a, b))
+            return ok if code in compiled else deny
 
         callback: Callable[[int, str | None, str | None, str | None, str | None], int] = authorize
         with self._lock:
@@ -300,12 +317,9 @@ def _read_problem(rules: SqlRules, table: str, column: str) -> Violation | None:
 
 def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
     """SQLite's reading of ``text`` under ``rules``; raise ``Refusal``."""
-    tokens = tok.code_tokens(text)
-    while tokens and tokens[-1].text == ";":
-        tokens.pop()
-    if not tokens:
+    shape = tok.outline(text)
+    if shape.end < 0:
         raise Refusal.of(Denial.EMPTY, "the SQL has no statement (only comments or ';')")
-    shape = _shape(tokens)
     if shape.joins > rules.max_joins:
         raise Refusal.of(
             Denial.COMPLEX,
@@ -313,18 +327,17 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
             "multiplies what the database may have to read",
             "joins",
         )
-    first = tok.keyword(tokens[0])
+    first = tok.first_keyword(text)
     if first in _LEADING_COMMANDS:
         raise Refusal.of(
             Denial.COMMAND, f"a {first} statement is never allowed", (first or "").lower()
         )
     actions, error = scratch.compile(text)
-    seen = list(dict.fromkeys((code, a, b) for code, a, b, _db, _trigger in actions))
+    seen = list(dict.fromkeys(actions))
     if error is not None:
         raise _compile_error(rules, error, seen)
-    violations = _judge(rules, seen)
-    reading = _reading(rules, seen)
-    if (shape.natural or shape.using) and _names_guarded_table(rules, tokens):
+    violations, reading = _judge_and_read(rules, scratch, seen)
+    if (shape.natural or shape.using) and _names_guarded_table(rules, text):
         violations.append(
             Violation(
                 Denial.COLUMN,
@@ -343,87 +356,53 @@ def read(rules: SqlRules, scratch: SqliteScratch, text: str) -> Reading:
             violations.append(_kind_refused(rules, SqlKind.SELECT))
     refuse_if_any(violations)
     if reading.kinds == {SqlKind.SELECT.value}:
-        _limit(rules, text, tokens, shape.limit_at, reading)
+        _limit(rules, text, shape, reading)
     return reading
 
 
-def _reading(rules: SqlRules, actions: list[Seen]) -> Reading:
-    """The tables, columns and statement kinds of the actions SQLite authorized."""
+def _judge_one(rules: SqlRules, code: int, a: str | None, b: str | None) -> Judged:
+    """One action against the policy: its violation, and the table, the column and the
+    statement kind it adds to the reading (None when it adds none)."""
+    problem = _action_problem(rules, code, a, b)
+    table = (a or "").lower()
+    named = column = None
+    if code == sqlite3.SQLITE_READ or code in _KIND_OF_ACTION:
+        canon = _table_name(rules, table)
+        if canon in rules.tables:
+            named = str(canon)
+            if code == sqlite3.SQLITE_READ and b:
+                column = f"{canon}.{b.lower()}"
+    kind = _KIND_OF_ACTION.get(code) or _DDL_ACTIONS.get(code)
+    value = kind.value if kind is not None and not table.startswith("sqlite_") else None
+    return problem, named, column, value
+
+
+def _judge_and_read(
+    rules: SqlRules, scratch: SqliteScratch, actions: list[Seen]
+) -> tuple[list[Violation], Reading]:
+    """Every action (each once) against the policy: the violations found, and the tables,
+    columns and statement kinds of the actions SQLite authorized. Each action is judged once
+    per policy (``SqliteScratch.judged``): the same action is judged the same every time."""
+    memo = scratch.judged(rules)
+    violations: list[Violation] = []
     reading = Reading()
-    names: dict[str, TableName] = {}
-    for code, a, b in actions:
-        table = (a or "").lower()
-        if code == sqlite3.SQLITE_READ or code in _KIND_OF_ACTION:
-            canon = names.get(table)
-            if canon is None:
-                canon = names[table] = _table_name(rules, table)
-            if canon in rules.tables:
-                reading.tables.add(str(canon))
-                if code == sqlite3.SQLITE_READ and b:
-                    reading.columns.add(f"{canon}.{b.lower()}")
-        kind = _KIND_OF_ACTION.get(code) or _DDL_ACTIONS.get(code)
-        if kind is not None and not table.startswith("sqlite_"):
-            reading.kinds.add(kind.value)
-    return reading
+    for action in actions:
+        judged = memo.get(action)
+        if judged is None:
+            judged = memo[action] = _judge_one(rules, *action)
+        problem, table, column, kind = judged
+        if problem is not None:
+            violations.append(problem)
+        if table is not None:
+            reading.tables.add(table)
+        if column is not None:
+            reading.columns.add(column)
+        if kind is not None:
+            reading.kinds.add(kind)
+    return violations, reading
 
 
-@dataclass(slots=True)
-class _Shape:
-    """What the statement's tokens say that SQLite's authorizer does not report."""
-
-    joins: int = 0  # each JOIN, and each ',' between FROM items (at the FROM's depth)
-    limit_at: int = -1  # index of the last LIMIT at bracket depth 0 (the outermost query's)
-    natural: bool = False  # a NATURAL keyword
-    using: bool = False  # a USING keyword
-
-
-_CLAUSE_ENDS = frozenset(
-    {"WHERE", "GROUP", "HAVING", "WINDOW", "ORDER", "LIMIT", "UNION", "EXCEPT", "INTERSECT"}
-    | {"ON", "USING", "SELECT", "VALUES", "RETURNING", "SET"}
-)
-
-
-def _shape(tokens: list[tok.Token]) -> _Shape:
-    """One pass over the tokens: joins, the outermost LIMIT, NATURAL and USING.
-
-    Joins are counted on the tokens (SQLite's authorizer does not report joins); an
-    over-count only refuses more."""
-    shape = _Shape()
-    from_depths: set[int] = set()
-    depth = 0
-    punct = tok.Kind.PUNCT
-    name = tok.Kind.NAME
-    for i, token in enumerate(tokens):
-        kind = token.kind
-        if kind is punct:
-            text = token.text
-            if text == "(":
-                depth += 1
-            elif text == ")":
-                from_depths.discard(depth)
-                depth -= 1
-            elif text == "," and depth in from_depths:
-                shape.joins += 1
-            continue
-        if kind is not name or token.quoted:
-            continue
-        word = token.text.upper()
-        if word == "FROM":
-            from_depths.add(depth)
-        elif word == "JOIN":
-            shape.joins += 1
-        elif word == "NATURAL":
-            shape.natural = True
-        elif word in _CLAUSE_ENDS:
-            from_depths.discard(depth)
-            if word == "LIMIT" and depth == 0:
-                shape.limit_at = i
-            elif word == "USING":
-                shape.using = True
-    return shape
-
-
-def _names_guarded_table(rules: SqlRules, tokens: list[tok.Token]) -> bool:
+def _names_guarded_table(rules: SqlRules, text: str) -> bool:
     """A word naming a table with denied columns (NATURAL and USING over it are refused).
 
     SQLite does not report the columns such a join compares, nor a joined table none of whose
@@ -431,7 +410,7 @@ def _names_guarded_table(rules: SqlRules, tokens: list[tok.Token]) -> bool:
     if not rules.deny_columns:
         return False
     guarded = {t.name.lower() for t in rules.deny_columns}
-    for token in tokens:
+    for token in tok.iter_code_tokens(text):
         if token.kind is tok.Kind.NAME:
             name = token.text[1:-1] if token.quoted else token.text
             if name.lower() in guarded:
@@ -439,30 +418,33 @@ def _names_guarded_table(rules: SqlRules, tokens: list[tok.Token]) -> bool:
     return False
 
 
+_DECIMAL = re.compile(r"[0-9]+")
+_HEXADECIMAL = re.compile(r"0[xX][0-9a-fA-F]+")
+
+
 def _literal(token: tok.Token) -> int | None:
     if token.kind is not tok.Kind.NUMBER:
         return None
     digits = token.text
-    if re.fullmatch(r"[0-9]+", digits):
+    if _DECIMAL.fullmatch(digits):
         return int(digits)
-    if re.fullmatch(r"0[xX][0-9a-fA-F]+", digits):
+    if _HEXADECIMAL.fullmatch(digits):
         return int(digits, 16)
     return None
 
 
-def _limit(rules: SqlRules, text: str, tokens: list[tok.Token], at: int, reading: Reading) -> None:
-    """The outermost query's LIMIT (the token at ``at``, -1: none): a literal integer no
+def _limit(rules: SqlRules, text: str, shape: tok.Outline, reading: Reading) -> None:
+    """The outermost query's LIMIT (``shape.limit_start``, -1: none): a literal integer no
     larger than ``max_limit``."""
     maximum = rules.max_limit
-    last = tokens[-1]
-    if tok.outside_comments_and_strings(text, last.end):
-        reading.end = last.end
+    if tok.outside_comments_and_strings(text, shape.end):
+        reading.end = shape.end
     if maximum is None:
         return
-    if at < 0:
+    if shape.limit_start < 0:
         reading.missing_limit = True
         return
-    clause = tokens[at + 1 :]
+    clause = tok.tokens_to_end(text, shape.limit_end, shape.end)  # the tokens after LIMIT
     count: tok.Token | None = None
     if len(clause) == 1:
         count = clause[0]
@@ -472,8 +454,8 @@ def _limit(rules: SqlRules, text: str, tokens: list[tok.Token], at: int, reading
         count = clause[0]
     elif len(clause) == 3 and clause[1].text == "," and _literal(clause[0]) is not None:
         count = clause[2]
-    shown = text[tokens[at].start : last.end][:40]
-    confirmed = tok.outside_comments_and_strings(text, tokens[at].start) and reading.end >= 0
+    shown = text[shape.limit_start : shape.end][:40]
+    confirmed = tok.outside_comments_and_strings(text, shape.limit_start) and reading.end >= 0
     value = _literal(count) if count is not None and confirmed else None
     if value is None:
         raise Refusal.of(

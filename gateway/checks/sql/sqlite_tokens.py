@@ -1,20 +1,28 @@
 """SQLite's tokens, read by the rules SQLite's own tokenizer follows (``tokenize.c``).
 
-Used for two things only, each confirmed by SQLite itself (``sqlite3_complete``, through
-``sqlite3.complete_statement``) before it decides anything:
+Used for what SQLite's authorizer does not report, each only to refuse more:
 
 - where the statement's last token ends, so an appended ``LIMIT`` lands after it, outside any
-  comment or string;
-- the trailing ``LIMIT`` clause of the outermost query (at bracket depth 0, at the end).
+  comment or string, and the trailing ``LIMIT`` clause of the outermost query (at bracket
+  depth 0, at the end), both confirmed by SQLite itself (``sqlite3_complete``, through
+  ``sqlite3.complete_statement``) before they decide anything;
+- the joins, ``NATURAL`` and ``USING`` (an over-count refuses more), and a first word that
+  SQLite would run as something else than what ``EXPLAIN <text>`` compiles.
 
-Everything else about a SQLite statement (its tables, columns, functions, actions) comes from
-SQLite's compiler through the authorizer (``sqlite``), never from these tokens.
+The check reads them from ``outline`` (one pass that makes no token of the ones it has no use
+for), ``first_keyword`` and, after a LIMIT, ``code_tokens``; each is tested against the
+per-character reference (``slow_tokens``, ``outline_of``). Everything else about a SQLite
+statement (its tables, columns, functions, actions) comes from SQLite's compiler through the
+authorizer (``sqlite``), never from these tokens.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
@@ -203,6 +211,8 @@ _FAST = re.compile(
 # By group number (``Match.lastindex``): 1 name, 2 number, 3 string, 4 quoted, 5 punct,
 # 6 other (a token the expression does not read).
 _FAST_KIND = (None, Kind.NAME, Kind.NUMBER, Kind.STRING, Kind.NAME, Kind.PUNCT)
+_NAME = 1
+_NUMBER = 2
 _QUOTED = 4
 _OTHER = 6
 assert _FAST.groupindex == {
@@ -210,29 +220,44 @@ assert _FAST.groupindex == {
 }  # fmt: skip
 
 
-def code_tokens(text: str) -> list[Token]:
-    """The tokens SQLite compiles: no whitespace, no comments."""
-    out: list[Token] = []
-    append = out.append
+def iter_code_tokens(text: str, start: int = 0) -> Iterator[Token]:
+    """The tokens SQLite compiles (no whitespace, no comments), from the token at ``start``."""
     new = tuple.__new__
     kinds = _FAST_KIND
     n = len(text)
-    i = 0
+    i = start
     while i < n:
         for m in _FAST.finditer(text, i):
             group = m.lastindex
             if group == _OTHER:  # a token the expression does not read: the full rules do
                 token = _token_at(text, m.start(group))
                 if token.kind is not Kind.SPACE:
-                    append(token)
+                    yield token
                 i = token.end
                 break
             assert group is not None
-            start, end = m.span(group)
-            append(new(Token, (kinds[group], start, end, text[start:end], group == _QUOTED)))
+            begin, end = m.span(group)
+            yield new(Token, (kinds[group], begin, end, text[begin:end], group == _QUOTED))
         else:
             break
-    return out
+
+
+def code_tokens(text: str, start: int = 0) -> list[Token]:
+    """The tokens SQLite compiles (no whitespace, no comments), from the token at ``start``."""
+    return list(iter_code_tokens(text, start))
+
+
+def tokens_to_end(text: str, start: int, end: int) -> list[Token]:
+    """The code tokens from the token at ``start`` on, but the ';' tokens after ``end`` (where
+    the statement's code ends: ``Outline.end``; only ';' tokens follow it)."""
+    m = _FAST.match(text, start)
+    if m is not None and m.lastindex == _NUMBER and m.end(_NUMBER) == end:  # the common clause
+        begin = m.start(_NUMBER)
+        return [Token(Kind.NUMBER, begin, end, text[begin:end])]
+    tokens = code_tokens(text, start)
+    while tokens and tokens[-1].text == ";":
+        tokens.pop()
+    return tokens
 
 
 def slow_tokens(text: str) -> list[Token]:
@@ -248,10 +273,204 @@ def slow_tokens(text: str) -> list[Token]:
     return out
 
 
+# --- the outline: what the SQLite check reads from the tokens, in one pass ----------------------
+
+# The words that end a FROM clause (the outline's joins count ',' within one).
+CLAUSE_ENDS = frozenset(
+    {"WHERE", "GROUP", "HAVING", "WINDOW", "ORDER", "LIMIT", "UNION", "EXCEPT", "INTERSECT"}
+    | {"ON", "USING", "SELECT", "VALUES", "RETURNING", "SET"}
+)
+_OUTLINE_WORDS = CLAUSE_ENDS | {"FROM", "JOIN", "NATURAL"}
+
+
+@dataclass(slots=True)
+class Outline:
+    """What a statement's tokens say that SQLite's authorizer does not report, and where its
+    code ends. The ';' tokens at the end are not part of the statement."""
+
+    end: int = -1  # end of the last token (not a ';' at the end); -1: no token (no statement)
+    joins: int = 0  # each JOIN, and each ',' between FROM items (at the FROM's depth)
+    limit_start: int = -1  # the last LIMIT at bracket depth 0 (the outermost query's); -1: none
+    limit_end: int = -1
+    natural: bool = False  # a NATURAL keyword
+    using: bool = False  # a USING keyword
+
+
+def outline_of(tokens: list[Token]) -> Outline:
+    """The outline of a text's code tokens, token by token: the reference ``outline`` is
+    tested against (tests/checks/test_sql_sqlite_tokens.py). Unquoted names are read as
+    keywords by ``str.upper``, whatever SQLite makes of them; an over-count only refuses more."""
+    found = Outline()
+    last = len(tokens)
+    while last and tokens[last - 1].text == ";":
+        last -= 1
+    if last:
+        found.end = tokens[last - 1].end
+    from_depths: set[int] = set()
+    depth = 0
+    for token in tokens[:last]:
+        if token.kind is Kind.PUNCT:
+            if token.text == "(":
+                depth += 1
+            elif token.text == ")":
+                from_depths.discard(depth)
+                depth -= 1
+            elif token.text == "," and depth in from_depths:
+                found.joins += 1
+        elif token.kind is Kind.NAME and not token.quoted:
+            _word(found, from_depths, depth, token.text.upper(), token.start, token.end)
+    return found
+
+
+def _word(
+    found: Outline, from_depths: set[int], depth: int, word: str, start: int, end: int
+) -> None:
+    """An unquoted name (``word``, upper case, from ``start`` to ``end``) in the outline."""
+    if word == "FROM":
+        from_depths.add(depth)
+    elif word == "JOIN":
+        found.joins += 1
+    elif word == "NATURAL":
+        found.natural = True
+    elif word in CLAUSE_ENDS:
+        from_depths.discard(depth)
+        if word == "LIMIT" and depth == 0:
+            found.limit_start, found.limit_end = start, end
+        elif word == "USING":
+            found.using = True
+
+
+# ``outline`` reads a text by one regular expression that passes over every token the outline
+# has no use for (the tokens ``_FAST`` reads, but for '(', ')', ',', ';' and the outline's
+# words), in runs, and stops at the next token it does use; a token ``_FAST`` does not read is
+# read by ``_token_at``, as in ``code_tokens``. The two outlines are the same by test.
+_WS = r"[ \t\n\f\r]*"
+_NAME_ENDS = r"(?![A-Za-z0-9_$\x80-\U0010ffff])"  # no name character follows
+assert all(w.isascii() and w.isalpha() and w.isupper() and w[0] != "X" for w in _OUTLINE_WORDS)
+
+
+def _either_case(word: str) -> str:
+    return "".join(f"[{c}{c.lower()}]" for c in word)  # ASCII letters only
+
+
+def _rests_by_first_letter() -> dict[str, str]:
+    """The outline's words by their first letter: the rests, either case, as alternatives."""
+    rests: dict[str, list[str]] = {}
+    for word in sorted(_OUTLINE_WORDS, key=lambda w: (-len(w), w)):
+        rests.setdefault(word[0], []).append(_either_case(word[1:]))
+    return {first: "|".join(rest) for first, rest in sorted(rests.items())}
+
+
+_RESTS = _rests_by_first_letter()
+# One of the outline's words, either case.
+_WORDS = "|".join(f"[{first}{first.lower()}](?:{rest})" for first, rest in _RESTS.items())
+# A name that is none of the outline's words and not the x of x'...'. Each branch starts with
+# one letter, which the expression engine tests before it enters the branch; any other token
+# is turned away before the branches by one test of its first character.
+_OTHER_FIRSTS = "".join(c for c in string.ascii_uppercase if c not in _RESTS and c != "X")
+_PASSED_NAME = (
+    "(?=[A-Za-z_])(?:"
+    + "".join(
+        f"{c}(?!(?:{rest}){_NAME_ENDS})|"
+        for first, rest in _RESTS.items()
+        for c in (first, first.lower())
+    )
+    + f"[xX](?!')|[{_OTHER_FIRSTS}{_OTHER_FIRSTS.lower()}_])[A-Za-z0-9_$]*{_NAME_ENDS}"
+)
+_PASSED = (
+    _PASSED_NAME + r"|\.(?![0-9\x80-\U0010ffff])|==|=|[*+%&~]|->>|->|-(?!-)"
+    r"|<[=>]|<<|<|>=|>>|>|!=|\|\||\||/(?!\*)"
+    r"|[0-9]+(?![0-9A-Za-z_$.\x80-\U0010ffff])"
+    r"|'[^']*(?:''[^']*)*'(?!')"
+    r"|\"[^\"]*(?:\"\"[^\"]*)*\"(?!\")"
+)
+_OUTLINE = re.compile(
+    rf"(?P<passed>(?:{_WS}(?:{_PASSED}))*+){_WS}(?:"
+    rf"(?P<word>{_WORDS}){_NAME_ENDS}"
+    r"|(?P<open>\()|(?P<close>\))|(?P<comma>,)|(?P<semi>;)"
+    r"|(?P<other>.)"
+    r"|\Z)",
+    re.DOTALL,
+)
+# By group number (``Match.lastindex``; 1 also when the text ends after the run passed over).
+_PASSED_RUN, _WORD, _OPEN, _CLOSE, _COMMA, _SEMI, _UNREAD = 1, 2, 3, 4, 5, 6, 7
+_SPACE, _CODE = 8, 9  # a token ``_token_at`` read: whitespace or a comment; any other token
+assert _OUTLINE.groupindex == {
+    "passed": 1, "word": 2, "open": 3, "close": 4, "comma": 5, "semi": 6, "other": 7
+}  # fmt: skip
+_PUNCT_GROUPS = {"(": _OPEN, ")": _CLOSE, ",": _COMMA, ";": _SEMI}
+# What may not be a token in code (a ';', a token the expression does not read, the end of the
+# text); after any other token, the end of the code is that token's (past what was passed over).
+_NO_END = frozenset({_SEMI, _UNREAD, _PASSED_RUN})
+
+
+def _group_of(token: Token) -> int:
+    """A token read by ``_token_at``, as the group ``_OUTLINE`` would have read it in."""
+    if token.kind is Kind.SPACE:
+        return _SPACE
+    if token.kind is Kind.NAME and not token.quoted:
+        return _WORD
+    if token.kind is Kind.PUNCT:
+        return _PUNCT_GROUPS.get(token.text, _CODE)
+    return _CODE
+
+
+def outline(text: str) -> Outline:
+    """The outline of ``text`` (``outline_of`` its code tokens), in one pass that makes no
+    token of the ones it has no use for."""
+    found = Outline()
+    from_depths: set[int] = set()
+    depth = 0
+    n = len(text)
+    i = 0
+    while i < n:
+        for m in _OUTLINE.finditer(text, i):
+            group = m.lastindex
+            if group in _NO_END:  # what was passed over before it may be the last in code
+                start, passed = m.span(_PASSED_RUN)
+                if passed > start:
+                    found.end = passed
+            if group == _UNREAD:  # a token the expression does not read: the full rules do
+                token = _token_at(text, m.start(group))
+                group, start, i = _group_of(token), token.start, token.end
+            elif group == _PASSED_RUN:  # the end of the text
+                i = n
+                break
+            elif group == _WORD:
+                start, i = m.span(group)
+            else:
+                i = m.end()
+            if group == _WORD:
+                _word(found, from_depths, depth, text[start:i].upper(), start, i)
+            elif group == _OPEN:
+                depth += 1
+            elif group == _CLOSE:
+                from_depths.discard(depth)
+                depth -= 1
+            elif group == _COMMA and depth in from_depths:
+                found.joins += 1
+            if group != _SEMI and group != _SPACE:
+                found.end = i
+            if m.lastindex == _UNREAD:
+                break  # on from the end of the token read
+        else:
+            break
+    return found
+
+
 def outside_comments_and_strings(text: str, offset: int) -> bool:
     """SQLite's own word (``sqlite3_complete``) that ``offset`` is in code, not inside a
     comment, a string or a quoted identifier: a ';' put there ends the statement."""
     return sqlite3.complete_statement(text[:offset] + ";")
+
+
+def first_keyword(text: str) -> str | None:
+    """``keyword`` of the text's first code token (None: none, or not an unquoted name)."""
+    m = _FAST.match(text)
+    if m is not None and m.lastindex == _NAME:  # the first token (the expression reads it whole)
+        return m.group(_NAME).upper()
+    head = next(iter_code_tokens(text), None)
+    return None if head is None else keyword(head)
 
 
 def keyword(token: Token) -> str | None:

@@ -2178,3 +2178,34 @@ async def test_a_header_value_that_was_not_utf8_is_refused_not_rewritten(
         held = await raw(b"admin")  # the pattern itself still refuses the plain value
         assert held.startswith(b"HTTP/1.1 4") and b"http_invalid" not in held, held
     assert len(heads) == 1 and b"X-Role: reader\r\n" in heads[0]
+
+
+# --- SQL: the join limit counts what SQLite will join (CG-2026-40) -----------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # a ',' after a join's condition adds an item: the count stopped at ON
+        "SELECT o.id FROM orders o JOIN orders b ON 1, orders c, orders d, orders e LIMIT 5",
+        # SQLite takes `window` as an alias: the count stopped at it
+        "SELECT o.id FROM orders o window, orders b, orders c, orders d, orders e LIMIT 5",
+        # Python upper-cases `ſelect` to SELECT; SQLite reads a name: the count stopped at it
+        "SELECT o.id FROM orders o, orders ſelect, orders c, orders d, orders e LIMIT 5",
+    ],
+)
+def test_the_sqlite_join_limit_counts_every_join_sqlite_makes(sql: str) -> None:
+    """CG-2026-40 (found by a helper session rewriting the SQLite outline, issue 10): the
+    SQLite check counts joins on the tokens (SQLite's authorizer does not report them), and a
+    FROM list's count stopped at ON, at an alias SQLite allows to be called `window`, and at
+    a name Python upper-cases to a keyword: a 5-way join passed the default limit of 3 joins
+    with the example policy. The words that stop the count are now those SQLite reserves (a
+    test asks SQLite), compared as ASCII, and a hypothesis test holds the count at least
+    SQLite's own query plan's."""
+    from gateway.errors import SqlTooComplex
+    from gateway.policy.load import load_policy
+
+    policy = load_policy("policies/example.yaml")
+    (check,) = [c for c in policy.rules_by_id["query-orders"].checks if c.kind == "sql"]
+    with pytest.raises(SqlTooComplex):
+        check.policy.check(sql)  # type: ignore[attr-defined]

@@ -8,7 +8,9 @@ letters and digits) and of the outline's words in any case, whole or cut, and lo
 from __future__ import annotations
 
 import re
+import sqlite3
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +179,72 @@ def test_the_outline_reads_names_as_the_reference_does() -> None:
         assert tok.first_keyword(text) == reference_first_keyword(text), text
         check_the_outline_reads_whole_tokens(text)
         check_the_tokens_after_limit(text)
+
+
+# --- joins: never fewer than SQLite's own plan has (CG-2026-40) -------------------------------
+
+_PLAN_DB = sqlite3.connect(":memory:")
+for _table in ("t", "u", "v"):
+    _PLAN_DB.execute(f"CREATE TABLE {_table} (a, b)")
+
+# Aliases a FROM item may have: SQLite's non-reserved keywords among them (window, natural
+# after AS), names Python upper-cases to a keyword (ſelect, LıMIT), quoted keywords.
+_ALIASES = ["", "x", "window", "AS window", "AS natural", "ſelect", "LıMIT", '"where"', "[on]"]
+_CONDITIONS = ["1", "t.a = 1", "x.a IN (1, 2)", "f(1, 2)", "1 OR 2", "a BETWEEN 1 AND 2"]
+
+
+def _plan_loops(sql: str) -> int | None:
+    """How many tables SQLite's own plan loops over (None: SQLite refuses the text)."""
+    try:
+        rows = _PLAN_DB.execute("EXPLAIN QUERY PLAN " + sql).fetchall()
+    except sqlite3.Error:
+        return None
+    return sum(1 for row in rows if str(row[3]).startswith(("SCAN ", "SEARCH ")))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(
+            st.sampled_from(["t", "u", "v"]),
+            st.sampled_from(_ALIASES),
+            st.sampled_from([",", "JOIN", "CROSS JOIN", "LEFT JOIN"]),
+            st.sampled_from(_CONDITIONS),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    tail=st.sampled_from(["", " WHERE 1", " LIMIT 5", " ORDER BY 1", " GROUP BY 1"]),
+)
+def test_the_outline_never_counts_fewer_joins_than_sqlites_plan(
+    items: list[tuple[str, str, str, str]], tail: str
+) -> None:
+    """The oracle is SQLite itself: for a FROM list with any aliases, joins and conditions
+    that SQLite compiles, the outline counts at least the joins SQLite's plan loops over (the
+    join limit is a cost bound; an under-count was a bypass)."""
+    parts = []
+    for n, (table, alias, join, condition) in enumerate(items):
+        item = f"{table} {alias}".strip()
+        if n == 0:
+            parts.append(item)
+        elif join == ",":
+            parts.append(f", {item}")
+        else:
+            parts.append(f" {join} {item} ON {condition}")
+    sql = "SELECT 1 FROM " + "".join(parts) + tail
+    loops = _plan_loops(sql)
+    if loops is None:
+        return
+    assert tok.outline(sql).joins >= loops - 1, sql
+    assert outline_of(slow_tokens(sql)).joins >= loops - 1, sql
+
+
+@pytest.mark.parametrize("word", sorted(tok.CLAUSE_ENDS))
+def test_every_word_that_ends_the_from_items_is_never_an_alias_to_sqlite(word: str) -> None:
+    for sql in (
+        f"SELECT 1 FROM t {word}",
+        f"SELECT 1 FROM t AS {word}",
+        f"SELECT 1 FROM t {word}, u",
+    ):
+        with pytest.raises(sqlite3.Error):
+            _PLAN_DB.execute("EXPLAIN " + sql)

@@ -275,12 +275,16 @@ def slow_tokens(text: str) -> list[Token]:
 
 # --- the outline: what the SQLite check reads from the tokens, in one pass ----------------------
 
-# The words that end a FROM clause (the outline's joins count ',' within one).
+# The words that end a FROM clause's items at their depth (the outline's joins count each ','
+# between them). Each is reserved in SQLite: never a table's alias (a test asks SQLite). Not
+# ON or USING: a ',' after a join's condition adds another item (``FROM a JOIN b ON 1, c``);
+# not WINDOW: SQLite takes ``window`` as an alias (``FROM a window, b``). What they leave
+# counted past the items (a WINDOW clause's ',') is an over-count: it only refuses more.
 CLAUSE_ENDS = frozenset(
-    {"WHERE", "GROUP", "HAVING", "WINDOW", "ORDER", "LIMIT", "UNION", "EXCEPT", "INTERSECT"}
-    | {"ON", "USING", "SELECT", "VALUES", "RETURNING", "SET"}
+    {"WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "UNION", "EXCEPT", "INTERSECT"}
+    | {"SELECT", "VALUES", "RETURNING", "SET"}
 )
-_OUTLINE_WORDS = CLAUSE_ENDS | {"FROM", "JOIN", "NATURAL"}
+_OUTLINE_WORDS = CLAUSE_ENDS | {"FROM", "JOIN", "NATURAL", "USING"}
 
 
 @dataclass(slots=True)
@@ -298,8 +302,8 @@ class Outline:
 
 def outline_of(tokens: list[Token]) -> Outline:
     """The outline of a text's code tokens, token by token: the reference ``outline`` is
-    tested against (tests/checks/test_sql_sqlite_tokens.py). Unquoted names are read as
-    keywords by ``str.upper``, whatever SQLite makes of them; an over-count only refuses more."""
+    tested against (tests/checks/test_sql_sqlite_tokens.py). Unquoted ASCII names are read as
+    keywords whatever SQLite makes of them; an over-count only refuses more."""
     found = Outline()
     last = len(tokens)
     while last and tokens[last - 1].text == ";":
@@ -318,26 +322,31 @@ def outline_of(tokens: list[Token]) -> Outline:
             elif token.text == "," and depth in from_depths:
                 found.joins += 1
         elif token.kind is Kind.NAME and not token.quoted:
-            _word(found, from_depths, depth, token.text.upper(), token.start, token.end)
+            _word(found, from_depths, depth, token.text, token.start, token.end)
     return found
 
 
 def _word(
-    found: Outline, from_depths: set[int], depth: int, word: str, start: int, end: int
+    found: Outline, from_depths: set[int], depth: int, name: str, start: int, end: int
 ) -> None:
-    """An unquoted name (``word``, upper case, from ``start`` to ``end``) in the outline."""
+    """An unquoted name (``name``, from ``start`` to ``end``) in the outline. SQLite's
+    keywords are ASCII: a name with any other letter (``ſelect``, ``LıMIT``, which Python
+    upper-cases to a keyword) is a name to SQLite, and to the outline."""
+    if not name.isascii():
+        return
+    word = name.upper()
     if word == "FROM":
         from_depths.add(depth)
     elif word == "JOIN":
         found.joins += 1
     elif word == "NATURAL":
         found.natural = True
+    elif word == "USING":
+        found.using = True
     elif word in CLAUSE_ENDS:
         from_depths.discard(depth)
         if word == "LIMIT" and depth == 0:
             found.limit_start, found.limit_end = start, end
-        elif word == "USING":
-            found.using = True
 
 
 # ``outline`` reads a text by one regular expression that passes over every token the outline
@@ -441,7 +450,7 @@ def outline(text: str) -> Outline:
             else:
                 i = m.end()
             if group == _WORD:
-                _word(found, from_depths, depth, text[start:i].upper(), start, i)
+                _word(found, from_depths, depth, text[start:i], start, i)
             elif group == _OPEN:
                 depth += 1
             elif group == _CLOSE:

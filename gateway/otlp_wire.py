@@ -89,21 +89,34 @@ class Encoder:
     """Spans to an ``ExportTraceServiceRequest``, with a bounded cache of attribute pairs."""
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[str, type, Any], bytes] = {}
+        # Per field number (span 9, link 4, resource 1): a str value's pair is cached under
+        # the (key, value) tuple ``items()`` yields, others under (key, type, value): 1,
+        # 1.0 and True are equal as dict keys but not on the wire.
+        self._pairs: dict[int, dict[tuple[Any, ...], bytes]] = {}
+        self._cached = 0
         self._names: dict[tuple[str, SpanKind], bytes] = {}  # (name, kind): fields 5 and 6
 
     def _attributes(self, number: int, attributes: Mapping[str, Any] | None) -> bytes:
         if not attributes:
             return b""
         out = []
-        pairs = self._pairs
-        for key, value in attributes.items():
-            cache_key = (key, type(value), value if not isinstance(value, list) else None)
-            encoded = pairs.get(cache_key) if cache_key[2] is not None else None
+        pairs = self._pairs.get(number)
+        if pairs is None:
+            pairs = self._pairs[number] = {}
+        for item in attributes.items():
+            value = item[1]
+            if type(value) is str:
+                cache_key: tuple[Any, ...] | None = item
+            elif isinstance(value, (list, tuple)):
+                cache_key = None  # unhashable or rare: encoded each time
+            else:
+                cache_key = (item[0], type(value), value)
+            encoded = pairs.get(cache_key) if cache_key is not None else None
             if encoded is None:
-                encoded = _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
-                if cache_key[2] is not None and len(pairs) < MAX_CACHED:
+                encoded = _field(number, _field(1, item[0].encode()) + _field(2, _any_value(value)))
+                if cache_key is not None and self._cached < MAX_CACHED:
                     pairs[cache_key] = encoded
+                    self._cached += 1
             out.append(encoded)
         return b"".join(out)
 

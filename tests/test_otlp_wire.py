@@ -83,6 +83,19 @@ def spans() -> list[ReadableSpan]:
                 instrumentation_scope=SCOPE,
             )
         )
+    for flag in (1, True, 1.0):  # equal as dict keys, not on the wire
+        out.append(  # pairs also seen on a link and the resource: each field's own tag
+            ReadableSpan(
+                "capgate match",
+                SpanContext(server.trace_id, 0x77, False, sampled),
+                server,
+                resource,
+                {"capgate.link": "agent", "n": 3, "flag": flag},
+                start_time=7,
+                end_time=8,
+                instrumentation_scope=SCOPE,
+            )
+        )
     return out
 
 

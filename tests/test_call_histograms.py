@@ -213,14 +213,26 @@ def test_call_metrics_export_what_the_sdk_instruments_did() -> None:
     assert sorted(names[0]) == sorted(names[1])
 
 
-def test_a_reader_asking_for_delta_gets_the_sdks_histograms(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+            "base2_exponential_bucket_histogram",
+        ),
+    ],
+)
+def test_a_reader_asking_for_delta_or_exponential_gets_the_sdks_histograms(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv(variable, value)  # read by the SDK's exporter itself
     telemetry = Telemetry(Plan(metrics_endpoint="http://127.0.0.1:9/v1/metrics"))
     assert telemetry.metrics is not None and telemetry.metrics.histograms is None
+    call, record = next(metrics_records())
+    telemetry.metrics.measure(call, record)  # through the SDK's instrument
     telemetry.close()
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE")
+    monkeypatch.delenv(variable)
     telemetry = Telemetry(Plan(metrics_endpoint="http://127.0.0.1:9/v1/metrics", prometheus=True))
     assert telemetry.metrics is not None and telemetry.metrics.histograms is not None
     telemetry.close()

@@ -23,12 +23,14 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanKind, StatusCode
 
 MAX_CACHED = 4096  # encoded key=value pairs kept
 MAX_NAMES = 256  # encoded span names kept
 _HAS_IS_REMOTE = 0x100  # SpanFlags: the is_remote bit below is meaningful
 _IS_REMOTE = 0x200
+_NO_STATE = DEFAULT_TRACE_STATE  # the empty TraceState every SpanContext has by default
+_SPAN_FIELD = 2 << 3 | 2  # ScopeSpans.spans (each span's tag, then its length)
 _SMALL = [bytes((n,)) for n in range(0x80)]  # the varints of one byte
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -89,21 +91,34 @@ class Encoder:
     """Spans to an ``ExportTraceServiceRequest``, with a bounded cache of attribute pairs."""
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[str, type, Any], bytes] = {}
+        # Per field number (span 9, link 4, resource 1): a str value's pair is cached under
+        # the (key, value) tuple ``items()`` yields, others under (key, type, value): 1,
+        # 1.0 and True are equal as dict keys but not on the wire.
+        self._pairs: dict[int, dict[tuple[Any, ...], bytes]] = {}
+        self._cached = 0
         self._names: dict[tuple[str, SpanKind], bytes] = {}  # (name, kind): fields 5 and 6
 
     def _attributes(self, number: int, attributes: Mapping[str, Any] | None) -> bytes:
         if not attributes:
             return b""
         out = []
-        pairs = self._pairs
-        for key, value in attributes.items():
-            cache_key = (key, type(value), value if not isinstance(value, list) else None)
-            encoded = pairs.get(cache_key) if cache_key[2] is not None else None
+        pairs = self._pairs.get(number)
+        if pairs is None:
+            pairs = self._pairs[number] = {}
+        for item in attributes.items():
+            value = item[1]
+            if type(value) is str:
+                cache_key: tuple[Any, ...] | None = item
+            elif isinstance(value, (list, tuple)):
+                cache_key = None  # unhashable or rare: encoded each time
+            else:
+                cache_key = (item[0], type(value), value)
+            encoded = pairs.get(cache_key) if cache_key is not None else None
             if encoded is None:
-                encoded = _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
-                if cache_key[2] is not None and len(pairs) < MAX_CACHED:
+                encoded = _field(number, _field(1, item[0].encode()) + _field(2, _any_value(value)))
+                if cache_key is not None and self._cached < MAX_CACHED:
                     pairs[cache_key] = encoded
+                    self._cached += 1
             out.append(encoded)
         return b"".join(out)
 
@@ -125,8 +140,9 @@ class Encoder:
             _SPAN_ID,
             ctx.span_id.to_bytes(8, "big"),
         ]
-        if ctx.trace_state:
-            parts.append(_field(3, ctx.trace_state.to_header().encode()))
+        state = ctx.trace_state
+        if state is not _NO_STATE and state:  # (an empty TraceState's len() is a Python call)
+            parts.append(_field(3, state.to_header().encode()))
         parent = span.parent
         if parent is not None:
             parts += (_PARENT_ID, parent.span_id.to_bytes(8, "big"))
@@ -143,8 +159,9 @@ class Encoder:
             body = _field(1, lc.trace_id.to_bytes(16, "big")) + _field(
                 2, lc.span_id.to_bytes(8, "big")
             )
-            if lc.trace_state:
-                body += _field(3, lc.trace_state.to_header().encode())
+            state = lc.trace_state
+            if state is not _NO_STATE and state:
+                body += _field(3, state.to_header().encode())
             body += self._attributes(4, link.attributes)
             link_flags = _HAS_IS_REMOTE | (_IS_REMOTE if lc.is_remote else 0)
             body += _fixed32(6, link_flags)
@@ -164,14 +181,22 @@ class Encoder:
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ResourceSpans per resource, ScopeSpans per scope, in the order first seen."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+        last: tuple[Any, Any] | None = None
+        encoded: list[bytes] = []
+        span_tag = _SMALL[_SPAN_FIELD]
         for span in spans:
             resource, scope = span.resource, span.instrumentation_scope
-            scopes = groups.setdefault(id(resource), (resource, {}))[1]
-            scopes.setdefault(id(scope), (scope, []))[1].append(self.span(span))
+            if last is None or resource is not last[0] or scope is not last[1]:
+                # A new pair (ours never changes within a batch): its list is looked up once.
+                scopes = groups.setdefault(id(resource), (resource, {}))[1]
+                encoded = scopes.setdefault(id(scope), (scope, []))[1]
+                last = (resource, scope)
+            body = self.span(span)
+            encoded += (span_tag, _varint(len(body)), body)
         out = []
         for resource, scopes in groups.values():
             body = _field(1, self._attributes(1, resource.attributes))
-            for scope, encoded in scopes.values():
+            for scope, fields in scopes.values():
                 scope_body = b""
                 if scope is not None:
                     scope_body = _field(1, scope.name.encode()) + (
@@ -183,8 +208,7 @@ class Encoder:
                         schema = b""
                 else:
                     schema = b""
-                spans_body = b"".join(_field(2, e) for e in encoded)
-                body += _field(2, _field(1, scope_body) + spans_body + schema)
+                body += _field(2, _field(1, scope_body) + b"".join(fields) + schema)
             if resource.schema_url:
                 body += _field(3, resource.schema_url.encode())
             out.append(_field(1, body))

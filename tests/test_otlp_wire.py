@@ -83,6 +83,19 @@ def spans() -> list[ReadableSpan]:
                 instrumentation_scope=SCOPE,
             )
         )
+    for flag in (1, True, 1.0):  # equal as dict keys, not on the wire
+        out.append(  # pairs also seen on a link and the resource: each field's own tag
+            ReadableSpan(
+                "capgate match",
+                SpanContext(server.trace_id, 0x77, False, sampled),
+                server,
+                resource,
+                {"capgate.link": "agent", "n": 3, "flag": flag},
+                start_time=7,
+                end_time=8,
+                instrumentation_scope=SCOPE,
+            )
+        )
     return out
 
 
@@ -92,3 +105,34 @@ def test_our_bytes_decode_to_the_sdks_request() -> None:
     ours.ParseFromString(Encoder().request(batch))
     assert MessageToDict(ours) == MessageToDict(encode_spans(batch))
     assert ours == encode_spans(batch)
+
+
+def test_spans_of_several_resources_and_scopes_interleaved() -> None:
+    """Grouped per resource, then per scope, in the order first seen (as the SDK does)."""
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    batch = spans()
+    other_resource = Resource({"service.name": "other"})
+    other_scope = InstrumentationScope("other", "2", "https://schema.example/1")
+    mixed = []
+    for i, span in enumerate(batch):
+        resource = other_resource if i % 3 == 1 else span.resource
+        scope = other_scope if i % 2 else span.instrumentation_scope
+        mixed.append(
+            ReadableSpan(
+                span.name,
+                span.context,
+                span.parent,
+                resource,
+                span.attributes,
+                links=span.links,
+                kind=span.kind,
+                status=span.status,
+                start_time=span.start_time,
+                end_time=span.end_time,
+                instrumentation_scope=scope,
+            )
+        )
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(Encoder().request(mixed))
+    assert ours == encode_spans(mixed)

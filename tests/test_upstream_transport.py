@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
@@ -187,7 +187,10 @@ def test_a_request_is_sent_as_aiohttps_client_sent_it(
 ) -> None:
     """Differential: for any method, target (path and query as the target stage forwards
     them: percent-encoded), headers (any text, repeated names included) and body, the
-    transport's bytes are the bytes aiohttp's client put on the wire."""
+    transport's bytes are the bytes aiohttp's client put on the wire. (One exception, not
+    compared: aiohttp's URL type drops an empty query's '?'; the transport sends the target as
+    the checks read it.)"""
+    assume(not target.endswith("?"))
     mine, theirs = asyncio.run(_sent_by_both(method, CIMultiDict(headers), body, target=target))
     assert mine == theirs
 

@@ -637,3 +637,51 @@ async def test_the_calls_deadline_is_kept_until_the_answers_head() -> None:
         with pytest.raises(UpstreamTimeout, match="deadline"):
             await transport.send(request(up, deadline=loop.time() - 1))
     assert len(srv.peers) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [
+        # chunked, with a chunk extension and trailers
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n",
+            b"abcde",
+        ),
+        # 204 and 304 have no body, whatever their headers say
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", b""),
+        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", b""),
+    ],
+)
+async def test_answers_are_framed_as_http_frames_them(reply: bytes, body: bytes) -> None:
+    async with served(replying(reply, linger=0.3)) as (srv, transport):
+        resp = await transport.send(request(upstream(srv.url)))
+        assert await asyncio.wait_for(resp.read_all(), 1) == body
+        await resp.close()
+
+
+async def test_bytes_after_a_bodiless_answer_never_reach_the_next_call() -> None:
+    """A 204 followed by bytes it may not have (a body, or a second answer): the call gets
+    its 204, the connection is retired, and the next call gets its own answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_head(reader)
+            if len(srv.peers) == 1:
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n" + answer(b"SMUGGLED"))
+            else:
+                writer.write(answer(b"own"))
+            await writer.drain()
+
+    async with served(handler) as (srv, transport):
+        assert await exchange(transport, request(upstream(srv.url))) == (204, b"")
+        await asyncio.sleep(0.05)
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"own")
+    assert len(srv.peers) == 2
+
+
+async def test_a_head_longer_than_the_parsers_limit_is_an_upstream_error() -> None:
+    reply = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 20_000 + b"\r\nContent-Length: 0\r\n\r\n"
+    async with served(replying(reply, linger=0.3)) as (srv, transport):
+        with pytest.raises(UpstreamUnavailable):
+            await exchange(transport, request(upstream(srv.url)))

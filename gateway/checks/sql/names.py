@@ -120,6 +120,8 @@ class TableName(NamedTuple):
     name: str
 
     def __str__(self) -> str:
+        if not self.catalog and not self.db:  # (nearly always: one part, no join to make)
+            return self.name
         return ".".join([p for p in self if p])
 
 

@@ -94,12 +94,13 @@ class _Source:
     members: list[_Source] = field(default_factory=list)  # join: the sources it joins
     plain: bool = True  # named by the table name itself (no alias): schema.table.col works
 
-    def tables(self) -> Iterator[_Source]:
+    def tables(self) -> tuple[_Source, ...]:
+        """The real tables this source reads: itself, those of a join's members, or none."""
+        if self.kind == "table":
+            return (self,)
         if self.kind == "join":
-            for member in self.members:
-                yield from member.tables()
-        elif self.kind == "table":
-            yield self
+            return tuple(t for member in self.members for t in member.tables())
+        return ()
 
 
 @dataclass(slots=True)

@@ -448,6 +448,8 @@ async def _problems(request: web.Request, handler: Handler) -> web.StreamRespons
         return problem(400, "admin_request_invalid", str(exc))
     except Refused as exc:
         return problem(exc.status, exc.reason, exc.detail)
+    except StateUnavailable as exc:  # (any endpoint: the store gone or too slow, fail closed)
+        return problem(503, "state_unavailable", exc.detail)
     except web.HTTPRequestEntityTooLarge:
         return problem(413, "admin_request_invalid", "the request body is too large")
     except web.HTTPNotFound:

@@ -112,3 +112,21 @@ async def test_with_redis_down_a_held_call_is_refused_not_left_waiting(
     body = await answer.json(content_type="application/problem+json")
     assert answer.status == 503 and body["reason"] == "state_unavailable"
     assert mocks.requests("services") == []
+
+
+async def test_a_decision_the_store_cannot_record_is_a_503_problem_not_a_traceback(
+    fleet: Any, workspace: Workspace, mocks: Mocks, redis_server: RedisServer
+) -> None:
+    """An approval decided while Redis is gone cannot be claimed: the operator gets a 503
+    ``state_unavailable`` problem+json (retry), never a plain 500, and nothing is forwarded."""
+    (_, client, _), (_, _, other_admin) = fleet[0]
+    auth = fleet[1]
+    call = asyncio.ensure_future(restart(client, workspace))
+    [pending] = await listed(other_admin, auth)
+    redis_server.kill()
+    resp = await other_admin.post(f"/approvals/{pending['id']}/approve", headers=auth)
+    assert resp.status == 503, await resp.text()
+    assert resp.content_type == "application/problem+json"
+    assert (await resp.json(content_type=None))["reason"] == "state_unavailable"
+    await asyncio.wait_for(call, 15)
+    assert mocks.requests("services") == []

@@ -597,6 +597,17 @@ def otlp_received(ctx: Context, notes: list[str]) -> None:
         raise BenchError("otel-otlp: no span reached the OTLP receiver")
 
 
+# The SQL targets: never-seen SQL text per call, req/s as % of the bare proxy @32 conns ...
+TARGET_SQL_UNIQUE: tuple[tuple[str, float], ...] = (
+    ("capgate+sql-unique", 35.0),
+    ("capgate+sql-unique-pg", 35.0),
+)
+# ... and the check alone, in this process, of the bench's ~280-character medium query
+# (bench/sql_bench.py): PostgreSQL with a tree never seen before, and any text cached.
+TARGET_SQL_CHECK_MS = 0.6
+TARGET_SQL_CACHED_US = 20.0
+SQL_CHECK_CALLS = 300
+
 # The telemetry targets: (scenario, compared with, largest req/s cost in % @32 conns).
 TARGET_OTEL: tuple[tuple[str, str, float], ...] = (
     ("otel-discard", "otel-off", 10.0),
@@ -1229,7 +1240,11 @@ def _verdict(value: float | None, limit: float | None, at_most: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def targets(results: Sequence[Result], figures: Sequence[ProcessFigures]) -> list[dict[str, Any]]:
+def targets(
+    results: Sequence[Result],
+    figures: Sequence[ProcessFigures],
+    sql_check: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """The product's targets, measured on TARGET_SCENARIO: PASS, FAIL, NOT MEASURED (the run
     did not include what the figure needs) or NO LIMIT (reported; no limit set yet)."""
     sc = TARGET_SCENARIO
@@ -1311,9 +1326,88 @@ def targets(results: Sequence[Result], figures: Sequence[ProcessFigures]) -> lis
                 "detail": detail if value is not None else f"needs the {sc} scenario{needs}",
             }
         )
+    out.extend(sql_targets(by, sql_check))
     out.extend(otel_targets(by))
     out.extend(footprint_targets(figures))
     return out
+
+
+def sql_targets(
+    by: Mapping[tuple[str, int], Result], check: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Never-seen SQL: each scenario's req/s against the bare proxy (``TARGET_SQL_UNIQUE``),
+    and the medium query's check timed in this process (``measure_sql_check``)."""
+    c = TARGET_THROUGHPUT_CONNS
+    out: list[dict[str, Any]] = []
+    bare = by.get(("bare-proxy", c))
+    for sc, limit in TARGET_SQL_UNIQUE:
+        cap = by.get((sc, c))
+        pct = 100.0 * cap.rps / bare.rps if cap and bare and bare.rps else None
+        detail = f"needs the {sc} scenario and {c} in --connections"
+        if pct is not None and cap and bare:
+            detail = f"{cap.rps:.0f} / {bare.rps:.0f} req/s"
+            if cap.server_cpu_us_per_req and bare.server_cpu_us_per_req:
+                detail += (
+                    f"; CPU/req {cap.server_cpu_us_per_req:.0f} vs "
+                    f"{bare.server_cpu_us_per_req:.0f} us"
+                )
+        out.append(
+            {
+                "name": f"never-seen SQL: {sc} req/s as % of bare proxy @{c} conns",
+                "scenario": sc,
+                "value": None if pct is None else round(pct, 1),
+                "unit": "%",
+                "target": f">= {limit:g}%",
+                "verdict": _verdict(pct, limit, at_most=False),
+                "detail": detail,
+            }
+        )
+    queries = (check or {}).get("queries", {})
+    pg, lite = queries.get("postgres:medium"), queries.get("sqlite:medium")
+    needs = "needs a capgate+sql scenario"
+    new_tree = pg["check_uncached_us"] / 1000 if pg else None
+    cached = max(q["check_cached_us"] for q in (pg, lite) if q) if pg or lite else None
+    beside = (
+        f"new literal only {pg['check_new_literal_us'] / 1000:.3f} ms; SQLite, new text "
+        f"{lite['check_uncached_us'] / 1000:.3f} ms"
+        if pg and lite
+        else needs
+    )
+    for name, value, unit, limit, detail in (
+        (
+            "SQL check: medium query, PostgreSQL, a tree never seen (in-process)",
+            new_tree,
+            "ms",
+            TARGET_SQL_CHECK_MS,
+            beside,
+        ),
+        (
+            "SQL check: medium query, cached (PostgreSQL and SQLite, the slower)",
+            cached,
+            "us",
+            TARGET_SQL_CACHED_US,
+            "the same text again: the policy's verdict cache" if cached is not None else needs,
+        ),
+    ):
+        out.append(
+            {
+                "name": name,
+                "scenario": "sql_bench",
+                "value": None if value is None else round(value, 3),
+                "unit": unit,
+                "target": f"<= {limit:g} {unit}",
+                "verdict": _verdict(value, limit, at_most=True),
+                "detail": detail,
+            }
+        )
+    return out
+
+
+def measure_sql_check() -> dict[str, Any]:
+    """The SQL check alone, timed in this process (PostgreSQL and SQLite, medium query)."""
+    from bench import sql_bench
+
+    return sql_bench.measure(SQL_CHECK_CALLS, dialects=("postgres", "sqlite"), small=False)
 
 
 def footprint_targets(figures: Sequence[ProcessFigures]) -> list[dict[str, Any]]:
@@ -1515,6 +1609,9 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
             run.results = median_results(run.results)
         if wanted is None or FOOTPRINT_SCENARIO in wanted:
             _measure_footprint(run, ctx)
+        if any(sc.name.startswith("capgate+sql") for sc in chosen):
+            log("SQL check alone, in this process (bench/sql_bench.py, medium query)")
+            run.sql_check = measure_sql_check()
     finally:
         procs.stop_all()
         if args.keep_tmp:
@@ -1539,6 +1636,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         "processes": [dataclasses.asdict(f) for f in run.figures],
         "ratios": rats,
         "notes": run.notes,
+        "sql_check": run.sql_check,
     }
 
 
@@ -1554,6 +1652,7 @@ class _Run:
     results: list[Result] = field(default_factory=list)
     figures: list[ProcessFigures] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sql_check: dict[str, Any] | None = None  # measure_sql_check(), when SQL was benched
 
     def target(self, target: Target) -> None:
         """Check ``target`` answers, then measure it at each connection count."""
@@ -1842,7 +1941,7 @@ def _report(
         log("")
         for line in _fmt_processes(figures):
             log(line)
-    tgts = targets(results, figures)
+    tgts = targets(results, figures, run.sql_check)
     rats = ratios(results, run.conns, {s.name: s.baseline for s in SCENARIOS if s.baseline})
     log("")
     log(f"Targets (scenario '{TARGET_SCENARIO}', the HTTP rule; a FAIL does not fail the run):")

@@ -4,8 +4,11 @@
     python -m bench.sql_bench --no-pure  # the active build only
     python -m bench.sql_bench --sizes    # uncached check time by text length (the offload size)
 
-"uncached" gives every call a new text (a different literal), so each one is tokenized,
-parsed and checked; "cached" repeats one text, which the policy's verdict cache answers.
+"new shape" gives every call a new text whose tree differs too (a new column alias), so each
+one is read and checked from scratch; "new literal" gives every call a new text that differs
+only in a literal (PostgreSQL remembers an allowed tree by its shape, without literal values,
+and only parses such a text; the other dialects check it from scratch); "cached" repeats one
+text, which the policy's verdict cache answers.
 The pure-Python figures come from a child process that loads sqlglot's ``.py`` sources instead
 of the ``sqlglotc`` extension modules installed over them (sqlglot has no switch for this).
 """
@@ -32,6 +35,10 @@ MEDIUM = (
     "SELECT c.id, c.name, s.total FROM spend s JOIN customers c ON c.id = s.customer_id "
     "WHERE c.country = 'DE' ORDER BY s.total DESC LIMIT 100"
 )
+# The same queries with a column alias that changes with n: a new tree every call.
+SMALL_SHAPE = SMALL.replace("SELECT id,", "SELECT id AS id_{n},", 1)
+MEDIUM_SHAPE = MEDIUM.replace("SELECT c.id,", "SELECT c.id AS id_{n},", 1)
+assert SMALL_SHAPE != SMALL and MEDIUM_SHAPE != MEDIUM
 
 
 class _PureSqlglot(importlib.abc.MetaPathFinder):
@@ -77,7 +84,9 @@ SCHEMA = {
 }
 
 
-def measure(calls: int) -> dict[str, Any]:
+def measure(
+    calls: int, dialects: Sequence[str] = ("postgres", "sqlite", "mysql"), small: bool = True
+) -> dict[str, Any]:
     import sqlglot
     from pglast import parser as pg_parser
 
@@ -92,7 +101,7 @@ def measure(calls: int) -> dict[str, Any]:
             max_limit=1000,
             server_version=15 if dialect == "postgres" else None,
         )
-        for dialect in ("postgres", "sqlite", "mysql")
+        for dialect in dialects
     }
     results: dict[str, Any] = {
         "compiled": SQLGLOT_COMPILED,
@@ -105,9 +114,12 @@ def measure(calls: int) -> dict[str, Any]:
         "mysql": lambda text: sqlglot.parse(text, read="mysql"),
     }
     for dialect, policy in policies.items():
-        for name, template in (("small", SMALL), ("medium", MEDIUM)):
+        for name, template, shaped in (
+            *((("small", SMALL, SMALL_SHAPE),) if small else ()),
+            ("medium", MEDIUM, MEDIUM_SHAPE),
+        ):
             results["queries"][f"{dialect}:{name}"] = _measure_one(
-                policy, template, readers[dialect], calls
+                policy, template, shaped, readers[dialect], calls
             )
     return results
 
@@ -116,56 +128,63 @@ from gateway.errors import SqlDenied  # noqa: E402 (after the pure-Python import
 
 
 def _measure_one(
-    policy: Any, template: str, reader: Callable[[str], object], calls: int
+    policy: Any, template: str, shaped: str, reader: Callable[[str], object], calls: int
 ) -> dict[str, Any]:
-    if True:
-        policy.check(template.format(n=0))  # warm up imports and dialect tables
-        text = template.format(n=42)
-        policy.check(text)
+    policy.check(template.format(n=0))  # warm up imports and dialect tables
+    text = template.format(n=42)
+    policy.check(text)
 
-        def parse_only(n: int, template: str = template) -> object:
-            return reader(template.format(n=n))
+    def parse_only(n: int, template: str = template) -> object:
+        return reader(template.format(n=n))
 
-        def check_new_text(n: int, template: str = template) -> object:
+    def checker(template: str, offset: int) -> Callable[[int], object]:
+        def check(n: int) -> object:
             try:
-                return policy.check(template.format(n=n + 10**6))
+                return policy.check(template.format(n=n + offset))
             except SqlDenied:  # the backstop, on a machine busy with other work
                 return None
 
-        def check_same_text(n: int, text: str = text) -> object:
-            return policy.check(text)
+        return check
 
-        parse = _per_call(parse_only, calls)
-        uncached = _per_call(check_new_text, calls)
-        uncached_cpu = _CPU[id(check_new_text)]
-        cached = _per_call(check_same_text, calls * 20)
-        return {
-            "chars": len(text),
-            "parse_us": parse,
-            "check_uncached_us": uncached,
-            "check_uncached_cpu_us": uncached_cpu,
-            "check_cached_us": cached,
-            "check_cached_cpu_us": _CPU[id(check_same_text)],
-        }
+    def check_same_text(n: int, text: str = text) -> object:
+        return policy.check(text)
+
+    new_shape, new_literal = checker(shaped, 10**6), checker(template, 10**6)
+    results = {
+        "chars": len(text),
+        "parse_us": _per_call(parse_only, calls),
+        "check_uncached_us": _per_call(new_shape, calls),
+        "check_uncached_cpu_us": _CPU[id(new_shape)],
+        "check_new_literal_us": _per_call(new_literal, calls),
+        "check_new_literal_cpu_us": _CPU[id(new_literal)],
+        "check_cached_us": _per_call(check_same_text, calls * 20),
+    }
+    results["check_cached_cpu_us"] = _CPU[id(check_same_text)]
+    return results
 
 
 def report(results: dict[str, Any]) -> None:
     build = "sqlglotc (compiled)" if results["compiled"] else "pure Python"
     print(f"sqlglot {results['sqlglot']}, {build}")
     print(
-        f"  {'query':<16}{'chars':>6}{'parse':>12}{'check':>12}{'cpu':>10}{'cached':>12}{'cpu':>10}"
+        f"  {'':<22}{'':>6}{'':>12}{'check, new shape':>22}{'check, new literal':>22}{'cached':>22}"
+    )
+    print(
+        f"  {'query':<22}{'chars':>6}{'parse':>12}" + f"{'wall':>12}{'cpu':>10}" * 3,
     )
     for name, q in results["queries"].items():
         print(
-            f"  {name:<16}{q['chars']:>6}{q['parse_us']:>10.0f}µs"
+            f"  {name:<22}{q['chars']:>6}{q['parse_us']:>10.0f}µs"
             f"{q['check_uncached_us']:>10.0f}µs{q['check_uncached_cpu_us']:>8.0f}µs"
+            f"{q['check_new_literal_us']:>10.0f}µs{q['check_new_literal_cpu_us']:>8.0f}µs"
             f"{q['check_cached_us']:>10.2f}µs{q['check_cached_cpu_us']:>8.2f}µs"
         )
 
 
 def _or_chain(terms: int, n: int) -> str:
+    """A text of ``terms`` conditions; a new tree for each ``n`` (its column alias)."""
     conds = " OR ".join(f"(o.total_cents > {n + i} AND o.status = 'p{i}')" for i in range(terms))
-    return f"SELECT o.id, o.status FROM orders o WHERE {conds} LIMIT 10"
+    return f"SELECT o.id AS id_{n}, o.status FROM orders o WHERE {conds} LIMIT 10"
 
 
 def sizes(calls: int) -> None:
@@ -232,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print("parse = the dialect's reader alone (PostgreSQL: pglast's parser; SQLite: compiled")
     print("inside the check; MySQL: sqlglot); check = SqlPolicy.check (read + all checks);")
-    print("cached = the same text again (verdict cache). Per call, best of 3 runs; cpu = the")
+    print("new shape / new literal: see the top of bench/sql_bench.py; cached = the same text")
+    print("again (verdict cache). Per call, best of 3 runs; cpu = the")
     print("process's CPU time per call (steadier than the wall clock on a shared machine).\n")
     report(measure(args.calls))
     if args.no_pure:

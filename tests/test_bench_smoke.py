@@ -57,3 +57,18 @@ def test_the_instruction_bench_runs(capsys: pytest.CaptureFixture[str]) -> None:
     line = next(x for x in out.splitlines() if x.startswith("capgate "))
     assert "instructions/request" in line
     assert float(line.split()[1].replace(",", "")) > 10_000
+
+
+def test_the_sql_targets_read_the_in_process_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench.run`` reports the SQL check targets from ``sql_bench.measure`` (a few calls)."""
+    from bench import run
+
+    monkeypatch.setattr(run, "SQL_CHECK_CALLS", 3)
+    rows = {t["name"]: t for t in run.sql_targets({}, run.measure_sql_check())}
+    new_tree = next(t for name, t in rows.items() if "never seen" in name)
+    cached = next(t for name, t in rows.items() if "cached" in name)
+    assert new_tree["verdict"] in ("PASS", "FAIL") and new_tree["value"] > 0
+    assert "SQLite, new text" in new_tree["detail"]
+    assert cached["verdict"] in ("PASS", "FAIL") and cached["value"] > 0
+    unique = [t for name, t in rows.items() if name.startswith("never-seen SQL")]
+    assert len(unique) == 2 and all(t["verdict"] == "NOT MEASURED" for t in unique)

@@ -349,9 +349,9 @@ def test_pitfall_add_limit_rewrite_is_parsed_again(monkeypatch: pytest.MonkeyPat
     seen: list[str] = []
     real_read = sql_postgres.read
 
-    def spy(rules: Any, text: str) -> Any:
+    def spy(rules: Any, text: str, *shapes: Any) -> Any:
         seen.append(text)
-        return real_read(rules, text)
+        return real_read(rules, text, *shapes)
 
     monkeypatch.setattr(sql_postgres, "read", spy)
     make(max_limit=7, add_limit=True).check("SELECT id FROM orders")

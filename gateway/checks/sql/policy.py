@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import ModuleType
+from typing import Any
 
 from gateway.checks.sql import sqlite
 from gateway.checks.sql.cache import Lru
@@ -27,6 +28,7 @@ from gateway.checks.sql.limits import (
     DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
     OFFLOAD_MIN_CHARS,
+    SHAPE_CACHE_SIZE,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
 )
@@ -83,6 +85,9 @@ class SqlPolicy(SqlRules):
         default_factory=lambda: Lru(VERDICT_CACHE_SIZE, VERDICT_CACHE_CHARS), repr=False
     )
     _scratch: sqlite.SqliteScratch | None = field(default=None, repr=False)
+    _shapes: Lru[bytes, Any] = field(
+        default_factory=lambda: Lru(SHAPE_CACHE_SIZE, SHAPE_CACHE_SIZE), repr=False
+    )
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -227,7 +232,10 @@ class SqlPolicy(SqlRules):
         """The authority's reading of ``text`` for this policy's dialect."""
         if self._scratch is not None:
             return sqlite.read(self, self._scratch, text)
-        module = _AUTHORITIES.postgres if self.dialect == "postgres" else _AUTHORITIES.sqlglot
-        assert module is not None  # loaded when the policy was built
-        read: Callable[[SqlRules, str], Reading] = module.read
+        if self.dialect == "postgres":
+            assert _AUTHORITIES.postgres is not None  # loaded when the policy was built
+            read_pg: Callable[[SqlRules, str, Any], Reading] = _AUTHORITIES.postgres.read
+            return read_pg(self, text, self._shapes)
+        assert _AUTHORITIES.sqlglot is not None
+        read: Callable[[SqlRules, str], Reading] = _AUTHORITIES.sqlglot.read
         return read(self, text)

@@ -31,6 +31,8 @@ a text whose reading would depend on one that is not stated is refused.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pglast import parser as pg_parser
 
-from gateway.checks.sql.limits import MAX_NESTING, MAX_NODES
+from gateway.checks.sql.cache import Lru
+from gateway.checks.sql.limits import MAX_NESTING, MAX_NODES, SHAPE_MAX_JSON
 from gateway.checks.sql.names import TableName, is_catalog
 from gateway.checks.sql.options import SqlFamily, SqlKind
 from gateway.checks.sql.pg_version import PARSER_MAJOR
@@ -126,7 +129,7 @@ def _unwrap(node: Json) -> tuple[str, Json]:
 
 # The node types ``_Reader.node`` looks at; the walk goes through every other one.
 _LOOKED_AT = frozenset(
-    {"ColumnRef", "FuncCall", "SubLink", "SQLValueFunction", "RangeVar", "A_Expr"}
+    {"ColumnRef", "A_Const", "FuncCall", "SubLink", "SQLValueFunction", "RangeVar", "A_Expr"}
     | {"SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"}
     | {"XmlExpr", "XmlSerialize", "RangeTableFunc"}
 )
@@ -569,6 +572,8 @@ class _Reader:
         if kind == "ColumnRef":
             self.column_ref(value, scope)
             return None
+        if kind == "A_Const":  # a literal value: nothing in it is checked (see ``shape``)
+            return None
         if kind == "FuncCall":
             self.function(value, table_fn)
             return [value.get(k) for k in ("args", "agg_order", "agg_filter", "over")]
@@ -884,13 +889,72 @@ def _limit(rules: SqlRules, root: Json) -> bool:
     return False
 
 
-def read(rules: SqlRules, text: str) -> Reading:
-    """PostgreSQL's reading of ``text`` under ``rules``; raise ``Refusal``."""
+# --- the tree's shape: texts that differ only in their literals ---------------------------
+#
+# The walk's verdict depends on the tree PostgreSQL's parser builds, but never on a location
+# (those only place a refusal's message) nor on a literal's value (the walk does not enter an
+# ``A_Const``), except the LIMIT's, which ``_limit`` reads. So an allowed reading is
+# remembered under the tree's shape: its JSON with every location and every literal's value
+# but a ``limitCount``'s taken out. Two texts of the same shape (``o.id > 41``, ``o.id > 42``)
+# are one walk. The shape is the parser's own tree, not a normalized text or a fingerprint:
+# a parameter ($1) is a ``ParamRef``, never confused with a literal, and aliases, names,
+# operators and types all stay. No pattern can start inside a JSON string (every quote in one
+# is escaped), so only the parser's own keys match; ``tests/checks/test_sql_pg_shape.py``
+# holds the result equal to the same cut made on the decoded tree.
+
+_LOCATIONS = re.compile(r',"location":-?[0-9]+')  # a first key stays: sound, only less shared
+_STATEMENT_PLACES = re.compile(r',"stmt_(?:location|len)":[0-9]+')
+_VALUE = re.compile(
+    r'("A_Const":(?<!"limitCount":\{"A_Const":)\{"(ival|fval|sval|bsval|boolval)":\{)'
+    r'"\2":(?:-?[0-9]+|true|false|"(?:[^"\\]|\\.)*")\}'
+)
+
+
+def shape(tree_json: str) -> str:
+    """The parser's JSON tree without locations and literal values (but a LIMIT's)."""
+    cut = _LOCATIONS.sub("", _VALUE.sub(r"\1}", tree_json))
+    return _STATEMENT_PLACES.sub("", cut) if '"stmt_' in cut else cut
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """An allowed reading, remembered by shape."""
+
+    kinds: frozenset[str]
+    tables: frozenset[str]
+    columns: frozenset[str]
+    statements: int
+    missing_limit: bool
+
+    def reading(self) -> Reading:
+        return Reading(
+            set(self.kinds),
+            set(self.tables),
+            set(self.columns),
+            self.statements,
+            self.missing_limit,
+        )
+
+
+Shapes = Lru[bytes, _Known]
+
+
+def read(rules: SqlRules, text: str, shapes: Shapes | None = None) -> Reading:
+    """PostgreSQL's reading of ``text`` under ``rules``; raise ``Refusal``. With ``shapes``,
+    an allowed reading is remembered by shape and a text of a known shape is not walked."""
     _strings_problems(rules, text)
     try:
-        tree = orjson.loads(pg_parser.parse_sql_json(text))
+        tree_json = pg_parser.parse_sql_json(text)
     except pg_parser.ParseError as exc:
         raise _parse_error(text, exc) from None
+    key = None
+    if shapes is not None and len(tree_json) <= SHAPE_MAX_JSON:
+        key = hashlib.blake2b(shape(tree_json).encode(), digest_size=32).digest()
+        known = shapes.get(key)
+        if known is not None:
+            return _ended(rules, text, known.reading())
+    try:
+        tree = orjson.loads(tree_json)
     except orjson.JSONDecodeError:
         raise Refusal.of(Denial.DEPTH, "the SQL is nested too deeply to be checked") from None
     statements = [s["stmt"] for s in tree.get("stmts", ())]
@@ -904,6 +968,20 @@ def read(rules: SqlRules, text: str) -> Reading:
     for root in statements:
         if _limit(rules, root):
             reading.missing_limit = True
-    if reading.missing_limit and rules.add_limit and len(statements) == 1:
+    if key is not None and shapes is not None:
+        known = _Known(
+            frozenset(reading.kinds),
+            frozenset(reading.tables),
+            frozenset(reading.columns),
+            reading.statements,
+            reading.missing_limit,
+        )
+        shapes.put(key, known, 1)
+    return _ended(rules, text, reading)
+
+
+def _ended(rules: SqlRules, text: str, reading: Reading) -> Reading:
+    """Where a LIMIT could be appended to ``text``, when one is missing (from its tokens)."""
+    if reading.missing_limit and rules.add_limit and reading.statements == 1:
         reading.end = _end_in_code(text)
     return reading

@@ -21,6 +21,7 @@ from pglast import parser as pg_parser
 
 from gateway.checks.sql import SqlPolicy
 from gateway.checks.sql import postgres as pg_check
+from gateway.checks.sql.limits import SHAPE_CACHE_CHARS
 from gateway.checks.sql.postgres import shape
 from gateway.errors import SqlDenied
 
@@ -259,3 +260,15 @@ def test_a_remembered_shape_gives_the_verdict_a_fresh_check_gives(
     for a, b in literals:
         text = skeleton.format(a=a, b=b)
         assert _verdict(shared, text) == _verdict(policy(add_limit=add_limit), text), text
+
+
+def test_what_shapes_remember_is_bounded_by_their_texts() -> None:
+    """A reading's names come from its text: each shape weighs its text's length, and the
+    rule's shapes weigh at most ``SHAPE_CACHE_CHARS`` (an agent cannot grow them without
+    bound with long, distinct, allowed statements)."""
+    checker = policy()
+    text = "SELECT o.id, o.status FROM orders o WHERE o.id > 1 LIMIT 10"
+    checker.check(text)
+    assert checker._shapes.info()["size"] == 1
+    assert checker._shapes._weight == len(text)
+    assert checker._shapes.max_weight == SHAPE_CACHE_CHARS

@@ -55,6 +55,9 @@ CACHE_MAX_TEXT = 16_384
 SHAPE_CACHE_SIZE = 4096
 """Allowed PostgreSQL readings one policy remembers by the tree's shape (a 32-byte digest
 each): texts that differ only in their literals are walked once."""
+SHAPE_CACHE_CHARS = 4_000_000
+"""Total text length of the readings one policy remembers by shape (a reading's names come
+from its text, so this bounds their memory as ``VERDICT_CACHE_CHARS`` bounds the verdicts)."""
 SHAPE_MAX_JSON = 200_000
 """Parse trees (JSON characters, ~11 per character of SQL) longer than this are not shaped:
 cutting one costs ~3 µs per KB, more than the walk it would save on a rare long text."""

@@ -28,6 +28,7 @@ from gateway.checks.sql.limits import (
     DEFAULT_MAX_JOINS,
     MAX_SQL_LENGTH,
     OFFLOAD_MIN_CHARS,
+    SHAPE_CACHE_CHARS,
     SHAPE_CACHE_SIZE,
     VERDICT_CACHE_CHARS,
     VERDICT_CACHE_SIZE,
@@ -86,7 +87,7 @@ class SqlPolicy(SqlRules):
     )
     _scratch: sqlite.SqliteScratch | None = field(default=None, repr=False)
     _shapes: Lru[bytes, Any] = field(
-        default_factory=lambda: Lru(SHAPE_CACHE_SIZE, SHAPE_CACHE_SIZE), repr=False
+        default_factory=lambda: Lru(SHAPE_CACHE_SIZE, SHAPE_CACHE_CHARS), repr=False
     )
 
     # -- construction ---------------------------------------------------------------------------

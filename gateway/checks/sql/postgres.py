@@ -976,7 +976,7 @@ def read(rules: SqlRules, text: str, shapes: Shapes | None = None) -> Reading:
             reading.statements,
             reading.missing_limit,
         )
-        shapes.put(key, known, 1)
+        shapes.put(key, known, len(text))  # its names come from the text: bounded by it
     return _ended(rules, text, reading)
 
 

@@ -21,6 +21,7 @@ instructions as % of the scenario's) is the req/s ratio if time followed instruc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import shutil
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,27 +223,46 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
+    counts: list[Count] = []
+    try:
+        with _session() as (ctx, gen):
+            if not args.no_bare:
+                counts.append(count_bare(ctx, gen, args.seconds, args.connections))
+                print(_line(counts[-1], None), flush=True)
+            for name in wanted:
+                counts.append(
+                    count_scenario(ctx, gen, by_name[name], args.seconds, args.connections)
+                )
+                print(_line(counts[-1], counts[0] if not args.no_bare else None), flush=True)
+    except BenchError as exc:
+        print(f"bench.instructions: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _session() -> Iterator[tuple[Context, LoadGenerator]]:
+    """The bench's upstream and load generator, stopped and cleaned up at the end."""
     tool = shutil.which("wrk") or "python"
     tmp = Path(tempfile.mkdtemp(prefix="capgate-instr-"))
     procs = Processes(tmp)
     pinning = Pinning.detect()
-    gen = LoadGenerator(tool, pinning, tmp)
-    counts: list[Count] = []
     try:
         ctx, _ = _start_upstream(tmp, procs, pinning, lambda line: print(line, flush=True))
-        if not args.no_bare:
-            counts.append(count_bare(ctx, gen, args.seconds, args.connections))
-            print(_line(counts[-1], None), flush=True)
-        for name in wanted:
-            counts.append(count_scenario(ctx, gen, by_name[name], args.seconds, args.connections))
-            print(_line(counts[-1], counts[0] if not args.no_bare else None), flush=True)
-    except BenchError as exc:
-        print(f"bench.instructions: {exc}", file=sys.stderr)
-        return 1
+        yield ctx, LoadGenerator(tool, pinning, tmp)
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+
+
+def gateway_counts(names: Sequence[str], seconds: int, connections: int = 8) -> dict[str, float]:
+    """Instructions per request of each named ``bench.run`` scenario."""
+    by_name = {sc.name: sc for sc in SCENARIOS}
+    with _session() as (ctx, gen):
+        return {
+            name: count_scenario(ctx, gen, by_name[name], seconds, connections).per_request
+            for name in names
+        }
 
 
 def _line(c: Count, bare: Count | None) -> str:

@@ -72,3 +72,21 @@ def test_the_sql_targets_read_the_in_process_check(monkeypatch: pytest.MonkeyPat
     assert cached["verdict"] in ("PASS", "FAIL") and cached["value"] > 0
     unique = [t for name, t in rows.items() if name.startswith("never-seen SQL")]
     assert len(unique) == 2 and all(t["verdict"] == "NOT MEASURED" for t in unique)
+
+
+def test_the_telemetry_floor_loop_runs_and_its_arithmetic_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The floor's loop runs in every mode (callgrind is not run here: too slow for a test);
+    the figure per call is the difference of two lengths, the loop's own cost taken out."""
+    from bench import telemetry_floor
+
+    for mode in telemetry_floor.MODES:
+        telemetry_floor.child(mode, 20)
+    per_call = {"base": 10, "audit": 60, "spans": 40, "both": 95}  # instructions a call
+    monkeypatch.setattr(
+        telemetry_floor, "count", lambda mode, calls: 1_000_000 + per_call[mode] * calls
+    )
+    assert telemetry_floor.per_call(100) == {"audit": 50, "spans": 30, "both": 85}
+    assert telemetry_floor.main(["--calls", "100"]) == 0
+    assert "audit and spans" in capsys.readouterr().out

@@ -338,6 +338,47 @@ async def test_an_answer_out_of_turn_never_reaches_the_next_call(
     assert len(srv.peers) == 2
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 45\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 45\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n\r\n"
+        b"0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 45\r\nContent-Length: 45\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 9\r\n\r\n",
+    ],
+)
+async def test_an_answer_framed_two_ways_never_shares_its_connection(first: bytes) -> None:
+    """An answer whose framing another reader could take otherwise (Content-Length beside
+    Transfer-Encoding, repeated or stacked codings) is refused or read as llhttp frames it,
+    but its connection never carries the next call: whatever the upstream sends after it on
+    that connection never becomes another call's answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if srv.peers[1:]:
+            await read_head(reader)
+            writer.write(answer(b"own"))
+            await writer.drain()
+            return
+        await read_head(reader)
+        writer.write(first)
+        await writer.drain()
+        await read_head(reader)  # the next call, were the connection reused
+        writer.write(answer(b"the rest of the first answer"))
+        await writer.drain()
+
+    async with served(handler) as (srv, transport):
+        with contextlib.suppress(UpstreamUnavailable):
+            await exchange(transport, request(upstream(srv.url)))
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"own")
+    assert len(srv.peers) == 2
+
+
 async def test_bytes_on_an_idle_connection_retire_it() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_head(reader)

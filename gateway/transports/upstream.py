@@ -67,6 +67,15 @@ _PAST_DEADLINE = "the call's deadline passed before the upstream answered"
 INF = float("inf")
 
 
+def _framed_oddly(message: RawResponseMessage) -> bool:
+    """An answer whose transfer codings are anything but one plain ``chunked`` (repeated,
+    stacked, padded): framing another reader could take otherwise. Such an answer is read as
+    the parser frames it, but its connection carries no other call (RFC 9112 6.3: a message
+    that might be an attempt at response splitting ends its connection)."""
+    codings = message.headers.getall("Transfer-Encoding", ())
+    return bool(codings) and (len(codings) != 1 or codings[0] != "chunked")
+
+
 class _Connection(BaseProtocol):
     """One keep-alive connection to an origin, carrying one exchange at a time."""
 
@@ -128,7 +137,7 @@ class _Connection(BaseProtocol):
                 self._fail(UpstreamUnavailable("the upstream answered out of turn"))
                 return
             self.message, self.payload = message, payload
-            if message.should_close:
+            if message.should_close or _framed_oddly(message):
                 self.reusable = False
             waiter, self.waiter = self.waiter, None
             if waiter is not None and not waiter.done():

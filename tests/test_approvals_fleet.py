@@ -96,11 +96,17 @@ async def test_concurrent_decisions_on_two_gateways_exactly_one_counts(
         *(a.post(f"/approvals/{pending['id']}/{verb}", headers=auth) for a, verb in attempts)
     )
     statuses = [r.status for r in answers]
-    assert statuses.count(200) == 1 and statuses.count(404) == len(attempts) - 1
-    won = attempts[statuses.index(200)][1]
+    # On a loaded machine a claim can outlast the store's op timeout (0.5 s) while Redis still
+    # runs it: that decision's operator gets 503 state_unavailable (not known to be recorded;
+    # a retry gets 404 if it was). Never two decisions: at most one 200, the rest 404.
+    assert statuses.count(200) <= 1 and set(statuses) <= {200, 404, 503}, statuses
+    assert statuses.count(200) == 1 or 503 in statuses, statuses
     answer = await asyncio.wait_for(call, 5)
-    assert answer.status == (200 if won == "approve" else 403)
-    assert len(mocks.requests("services")) == (1 if won == "approve" else 0)
+    assert answer.status in (200, 403)
+    if 200 in statuses:
+        won = attempts[statuses.index(200)][1]
+        assert answer.status == (200 if won == "approve" else 403)
+    assert len(mocks.requests("services")) == (1 if answer.status == 200 else 0)
 
 
 async def test_with_redis_down_a_held_call_is_refused_not_left_waiting(

@@ -1240,6 +1240,30 @@ def _verdict(value: float | None, limit: float | None, at_most: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def _row(
+    name: str,
+    scenario: str,
+    value: float | None,
+    unit: str,
+    limit: float,
+    detail: str,
+    *,
+    at_most: bool,
+    digits: int = 1,
+) -> dict[str, Any]:
+    """One target's line: its value against ``limit`` (at most, or at least)."""
+    space = "" if unit == "%" else " "
+    return {
+        "name": name,
+        "scenario": scenario,
+        "value": None if value is None else round(value, digits),
+        "unit": unit,
+        "target": f"{'<=' if at_most else '>='} {limit:g}{space}{unit}",
+        "verdict": _verdict(value, limit, at_most=at_most),
+        "detail": detail,
+    }
+
+
 def targets(
     results: Sequence[Result],
     figures: Sequence[ProcessFigures],
@@ -1351,17 +1375,8 @@ def sql_targets(
                     f"; CPU/req {cap.server_cpu_us_per_req:.0f} vs "
                     f"{bare.server_cpu_us_per_req:.0f} us"
                 )
-        out.append(
-            {
-                "name": f"never-seen SQL: {sc} req/s as % of bare proxy @{c} conns",
-                "scenario": sc,
-                "value": None if pct is None else round(pct, 1),
-                "unit": "%",
-                "target": f">= {limit:g}%",
-                "verdict": _verdict(pct, limit, at_most=False),
-                "detail": detail,
-            }
-        )
+        name = f"never-seen SQL: {sc} req/s as % of bare proxy @{c} conns"
+        out.append(_row(name, sc, pct, "%", limit, detail, at_most=False))
     queries = (check or {}).get("queries", {})
     pg, lite = queries.get("postgres:medium"), queries.get("sqlite:medium")
     needs = "needs a capgate+sql scenario"
@@ -1389,17 +1404,7 @@ def sql_targets(
             "the same text again: the policy's verdict cache" if cached is not None else needs,
         ),
     ):
-        out.append(
-            {
-                "name": name,
-                "scenario": "sql_bench",
-                "value": None if value is None else round(value, 3),
-                "unit": unit,
-                "target": f"<= {limit:g} {unit}",
-                "verdict": _verdict(value, limit, at_most=True),
-                "detail": detail,
-            }
-        )
+        out.append(_row(name, "sql_bench", value, unit, limit, detail, at_most=True, digits=3))
     return out
 
 
@@ -1449,17 +1454,8 @@ def otel_targets(by: Mapping[tuple[str, int], Result]) -> list[dict[str, Any]]:
             if cpu and ref_cpu:
                 added = 100.0 * (cpu / ref_cpu - 1)
                 detail += f"; CPU/req {cpu:.0f} vs {ref_cpu:.0f} us ({added:+.1f}%)"
-        out.append(
-            {
-                "name": f"telemetry: {sc} req/s cost against {base} @{c} conns",
-                "scenario": sc,
-                "value": None if cost is None else round(cost, 1),
-                "unit": "%",
-                "target": f"<= {limit:g}%",
-                "verdict": _verdict(cost, limit, at_most=True),
-                "detail": detail,
-            }
-        )
+        name = f"telemetry: {sc} req/s cost against {base} @{c} conns"
+        out.append(_row(name, sc, cost, "%", limit, detail, at_most=True))
     return out
 
 

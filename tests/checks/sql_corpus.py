@@ -13,8 +13,30 @@ import itertools
 import random
 import re
 from pathlib import Path
+from typing import Any
+
+from gateway.checks.sql import SqlPolicy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sql"
+SCHEMA = {
+    "customers": ["id", "name", "email", "ssn", "country"],
+    "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
+}
+
+
+def pg_policy(**kwargs: Any) -> SqlPolicy:
+    """The PostgreSQL policy of the oracle's database: ``customers.ssn`` denied, LIMIT 1000."""
+    return SqlPolicy.create(
+        "postgres",
+        server_version=15,
+        tables=["orders", "customers"],
+        schema=SCHEMA,
+        deny_columns=["customers.ssn"],
+        max_limit=1000,
+        **kwargs,
+    )
+
+
 NEWLINE = "⏎"
 _DENIED_LINE = re.compile(r"^(?P<sql>.*)\s--\s(?P<kind>[a-z]+)\s*$")
 

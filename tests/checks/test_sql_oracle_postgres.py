@@ -126,19 +126,7 @@ class PgOracle:
 
 
 def pg_policy(**kwargs: Any) -> SqlPolicy:
-    return SqlPolicy.create(
-        "postgres",
-        server_version=15,
-        tables=["orders", "customers"],
-        schema={
-            "customers": ["id", "name", "email", "ssn", "country"],
-            "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
-        },
-        deny_columns=["customers.ssn"],
-        max_limit=1000,
-        rule_id="oracle",
-        **kwargs,
-    )
+    return sql_corpus.pg_policy(rule_id="oracle", **kwargs)
 
 
 POLICIES = [pg_policy(), pg_policy(add_limit=True), pg_policy(standard_conforming_strings=True)]

@@ -24,6 +24,7 @@ from gateway.checks.sql import postgres as pg_check
 from gateway.checks.sql.limits import SHAPE_CACHE_CHARS
 from gateway.checks.sql.postgres import shape
 from gateway.errors import SqlDenied
+from tests.checks.sql_corpus import pg_policy
 
 _VALUE_KINDS = frozenset({"ival", "fval", "sval", "bsval", "boolval"})
 _PLACES = frozenset({"location", "stmt_location", "stmt_len"})
@@ -58,19 +59,7 @@ def _tree(text: str) -> str | None:
 
 
 def policy(**kwargs: Any) -> SqlPolicy:
-    return SqlPolicy.create(
-        "postgres",
-        server_version=15,
-        tables=["orders", "customers"],
-        schema={
-            "customers": ["id", "name", "email", "ssn", "country"],
-            "orders": ["id", "customer_id", "total_cents", "status", "created_at"],
-        },
-        deny_columns=["customers.ssn"],
-        functions=["lower", "sum", "count"],
-        max_limit=1000,
-        **kwargs,
-    )
+    return pg_policy(functions=["lower", "sum", "count"], **kwargs)
 
 
 # -- literals and identifiers, spelled every way PostgreSQL reads them --------------------------

@@ -60,7 +60,9 @@ Why each check exists is written in the module that does it (see /work/shared/PI
                 the FILE:LINE:COL of each problem (registers itself with the policy loader)
 
 Any unexpected error while checking denies the call (``Denial.UNCHECKED``). Parses are cached
-per (dialect, text) and verdicts per (policy, text), both bounded LRU caches.
+per (dialect, text) and verdicts per (policy, text); allowed PostgreSQL readings also per
+(policy, shape of the parse tree: ``postgres.shape``), so a text that differs only in its
+literals is parsed but not walked. All are bounded LRU caches.
 
 This check is defence in depth: the database role behind a read tool should be read-only.
 """

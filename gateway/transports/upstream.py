@@ -69,7 +69,7 @@ INF = float("inf")
 
 def _framed_oddly(message: RawResponseMessage) -> bool:
     """An answer whose transfer codings are anything but one plain ``chunked`` (repeated,
-    stacked, padded): framing another reader could take otherwise. Such an answer is read as
+    stacked, capitalised): framing another reader could take otherwise. Such an answer is read as
     the parser frames it, but its connection carries no other call (RFC 9112 6.3: a message
     that might be an attempt at response splitting ends its connection)."""
     codings = message.headers.getall("Transfer-Encoding", ())

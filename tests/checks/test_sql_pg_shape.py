@@ -261,3 +261,21 @@ def test_what_shapes_remember_is_bounded_by_their_texts() -> None:
     assert checker._shapes.info()["size"] == 1
     assert checker._shapes._weight == len(text)
     assert checker._shapes.max_weight == SHAPE_CACHE_CHARS
+
+
+def test_a_check_past_the_backstop_remembers_no_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall-clock backstop's refusal is never remembered, and neither is the shape of
+    what that check read: the next text of the shape is walked again."""
+    from gateway.checks.sql import policy as sql_policy
+
+    checker = policy()
+    text = "SELECT o.id FROM orders o WHERE o.id > {n} LIMIT 10"
+    monkeypatch.setattr(sql_policy, "CHECK_BACKSTOP_SECONDS", -1.0)
+    with pytest.raises(SqlDenied, match="longer than"):
+        checker.check(text.format(n=1))
+    assert checker._shapes.info()["size"] == 0
+    monkeypatch.setattr(sql_policy, "CHECK_BACKSTOP_SECONDS", 0.25)
+    checker.check(text.format(n=2))
+    assert checker._shapes.info() == {"hits": 0, "misses": 2, "size": 1}
+    checker.check(text.format(n=3))
+    assert checker._shapes.info()["hits"] == 1

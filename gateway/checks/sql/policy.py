@@ -161,9 +161,10 @@ class SqlPolicy(SqlRules):
                     raise hit.error(self.rule_id)
                 return hit
         result: SqlVerdict | Refusal
+        learned: list[Any] = []  # shapes this check's readings would remember
         started = time.perf_counter()
         try:
-            result = self._evaluate(text, rewrite=self.add_limit)
+            result = self._evaluate(text, rewrite=self.add_limit, learned=learned)
         except Refusal as refusal:
             result = refusal
         except RecursionError:
@@ -188,6 +189,8 @@ class SqlPolicy(SqlRules):
             self._verdicts.put(text, result, len(text))
         if isinstance(result, Refusal):
             raise result.error(self.rule_id)
+        for key, known, weight in learned:  # an allowed check within the backstop, only
+            self._shapes.put(key, known, weight)
         return result
 
     def costly(self, text: str) -> bool:
@@ -199,13 +202,13 @@ class SqlPolicy(SqlRules):
         """Hits and misses of this policy's verdict cache."""
         return self._verdicts.info()
 
-    def _evaluate(self, text: str, *, rewrite: bool) -> SqlVerdict:
+    def _evaluate(self, text: str, *, rewrite: bool, learned: list[Any]) -> SqlVerdict:
         if len(text) > self.max_length:
             raise Refusal.of(
                 Denial.SIZE, f"the SQL is longer than {self.max_length} characters", "length"
             )
         refuse_blank(text)
-        reading = self._read(text)
+        reading = self._read(text, learned)
         if reading.missing_limit:
             if not rewrite or reading.statements != 1 or reading.end < 0:
                 detail = f"the query has no LIMIT; the rule requires LIMIT <= {self.max_limit}"
@@ -214,7 +217,7 @@ class SqlPolicy(SqlRules):
                 raise Refusal.of(Denial.LIMIT, detail, "no limit")
             # Append to the checked text (never regenerate it), then check the new text whole.
             new_text = f"{text[: reading.end]} LIMIT {self.max_limit}"
-            checked = self._evaluate(new_text, rewrite=False)
+            checked = self._evaluate(new_text, rewrite=False, learned=learned)
             return SqlVerdict(
                 sql=new_text,
                 kinds=checked.kinds,
@@ -229,14 +232,15 @@ class SqlPolicy(SqlRules):
             columns=tuple(sorted(reading.columns)),
         )
 
-    def _read(self, text: str) -> Reading:
-        """The authority's reading of ``text`` for this policy's dialect."""
+    def _read(self, text: str, learned: list[Any]) -> Reading:
+        """The authority's reading of ``text`` for this policy's dialect (PostgreSQL: a
+        reading by a remembered shape, or one to remember in ``learned``)."""
         if self._scratch is not None:
             return sqlite.read(self, self._scratch, text)
         if self.dialect == "postgres":
             assert _AUTHORITIES.postgres is not None  # loaded when the policy was built
-            read_pg: Callable[[SqlRules, str, Any], Reading] = _AUTHORITIES.postgres.read
-            return read_pg(self, text, self._shapes)
+            read_pg: Callable[..., Reading] = _AUTHORITIES.postgres.read
+            return read_pg(self, text, self._shapes, learned)
         assert _AUTHORITIES.sqlglot is not None
         read: Callable[[SqlRules, str], Reading] = _AUTHORITIES.sqlglot.read
         return read(self, text)

@@ -939,9 +939,16 @@ class _Known:
 Shapes = Lru[bytes, _Known]
 
 
-def read(rules: SqlRules, text: str, shapes: Shapes | None = None) -> Reading:
+def read(
+    rules: SqlRules,
+    text: str,
+    shapes: Shapes | None = None,
+    learned: list[tuple[bytes, _Known, int]] | None = None,
+) -> Reading:
     """PostgreSQL's reading of ``text`` under ``rules``; raise ``Refusal``. With ``shapes``,
-    an allowed reading is remembered by shape and a text of a known shape is not walked."""
+    a text of a remembered shape is not walked; an allowed reading's shape is added to
+    ``learned`` (the caller remembers it once the whole check has allowed the text within
+    its backstop)."""
     _strings_problems(rules, text)
     try:
         tree_json = pg_parser.parse_sql_json(text)
@@ -968,7 +975,7 @@ def read(rules: SqlRules, text: str, shapes: Shapes | None = None) -> Reading:
     for root in statements:
         if _limit(rules, root):
             reading.missing_limit = True
-    if key is not None and shapes is not None:
+    if key is not None and learned is not None:
         known = _Known(
             frozenset(reading.kinds),
             frozenset(reading.tables),
@@ -976,7 +983,7 @@ def read(rules: SqlRules, text: str, shapes: Shapes | None = None) -> Reading:
             reading.statements,
             reading.missing_limit,
         )
-        shapes.put(key, known, len(text))  # its names come from the text: bounded by it
+        learned.append((key, known, len(text)))  # its names come from the text: bounded by it
     return _ended(rules, text, reading)
 
 

@@ -241,8 +241,8 @@ async def test_quota_never_over_counts_under_concurrency(
     store_pair: tuple[StateStore, StateStore],
 ) -> None:
     first, second = store_pair
-    calls = [first.consume_quota("run-x", 25, ttl_s=60) for _ in range(40)]
-    calls += [second.consume_quota("run-x", 25, ttl_s=60) for _ in range(40)]
+    calls = [first.consume_quota("run-x", 25, ttl_s=60) for _ in range(20)]
+    calls += [second.consume_quota("run-x", 25, ttl_s=60) for _ in range(20)]
     results = await asyncio.gather(*calls)
     assert sum(r.allowed for r in results) == 25
     # The counter stopped at exactly 25: one more unit is available under a limit of 26.

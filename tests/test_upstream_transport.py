@@ -93,6 +93,25 @@ def replying(data: bytes, linger: float = 0.0) -> Handler:
     return handler
 
 
+def first_then_own(first: Handler) -> Handler:
+    """``first`` on the server's first connection; on every later one, each request answered
+    ``own``: a call that lands on a new connection gets its own answer."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        if connections == 1:
+            await first(reader, writer)
+            return
+        while True:
+            await read_head(reader)
+            writer.write(answer(b"own"))
+            await writer.drain()
+
+    return handler
+
+
 def upstream(url: str, **kw: Any) -> Upstream:
     return Upstream(name="up", url=URL(url), **kw)
 
@@ -324,14 +343,13 @@ async def test_an_answer_out_of_turn_never_reaches_the_next_call(
     has no body) must not hand its extra answer to another call: the call gets its own
     answer, the connection is dropped, and the next call gets its own answer on a new one."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        first = len(srv.peers) == 1
+    async def desynchronised(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_head(reader)
-            writer.write(first_reply if first else answer(b"own"))
+            writer.write(first_reply)
             await writer.drain()
 
-    async with served(handler) as (srv, transport):
+    async with served(first_then_own(desynchronised)) as (srv, transport):
         assert await exchange(transport, request(upstream(srv.url))) == first_answer
         await asyncio.sleep(0.05)
         assert await exchange(transport, request(upstream(srv.url))) == (200, b"own")
@@ -359,12 +377,7 @@ async def test_an_answer_framed_two_ways_never_shares_its_connection(first: byte
     but its connection never carries the next call: whatever the upstream sends after it on
     that connection never becomes another call's answer."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if srv.peers[1:]:
-            await read_head(reader)
-            writer.write(answer(b"own"))
-            await writer.drain()
-            return
+    async def framed_oddly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_head(reader)
         writer.write(first)
         await writer.drain()
@@ -372,7 +385,7 @@ async def test_an_answer_framed_two_ways_never_shares_its_connection(first: byte
         writer.write(answer(b"the rest of the first answer"))
         await writer.drain()
 
-    async with served(handler) as (srv, transport):
+    async with served(first_then_own(framed_oddly)) as (srv, transport):
         with contextlib.suppress(UpstreamUnavailable):
             await exchange(transport, request(upstream(srv.url)))
         assert await exchange(transport, request(upstream(srv.url))) == (200, b"own")
@@ -380,7 +393,7 @@ async def test_an_answer_framed_two_ways_never_shares_its_connection(first: byte
 
 
 async def test_bytes_on_an_idle_connection_retire_it() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def unasked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_head(reader)
         writer.write(answer(b"one"))
         await writer.drain()
@@ -389,18 +402,10 @@ async def test_bytes_on_an_idle_connection_retire_it() -> None:
         await writer.drain()
         await read_head(reader)  # (never comes: the client retired this connection)
 
-    async def handler2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not srv.peers[1:]:
-            await handler(reader, writer)
-            return
-        await read_head(reader)
-        writer.write(answer(b"two"))
-        await writer.drain()
-
-    async with served(handler2) as (srv, transport):
+    async with served(first_then_own(unasked)) as (srv, transport):
         assert await exchange(transport, request(upstream(srv.url))) == (200, b"one")
         await asyncio.sleep(0.2)
-        assert await exchange(transport, request(upstream(srv.url))) == (200, b"two")
+        assert await exchange(transport, request(upstream(srv.url))) == (200, b"own")
     assert len(srv.peers) == 2
 
 
